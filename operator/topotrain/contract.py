@@ -1,0 +1,175 @@
+"""The operator -> trainer contract: the environment of every training pod.
+
+Both sides import this module; nothing else spells these names. Pure stdlib so
+the trainer image needs neither kopf nor a Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+NNODES = "NNODES"
+NODE_RANK = "NODE_RANK"
+NPROC_PER_NODE = "NPROC_PER_NODE"
+WORLD_SIZE = "WORLD_SIZE"
+TP = "TOPOTRAIN_TP"
+PP = "TOPOTRAIN_PP"
+DP = "TOPOTRAIN_DP"
+RANK_ORDER = "TOPOTRAIN_RANK_ORDER"
+ATTEMPT = "TOPOTRAIN_ATTEMPT"
+CHECKPOINT_URI = "TOPOTRAIN_CHECKPOINT_URI"
+RESUME_STEP = "TOPOTRAIN_RESUME_STEP"
+JOB_NAME = "TOPOTRAIN_JOB_NAME"
+JOB_NAMESPACE = "TOPOTRAIN_JOB_NAMESPACE"
+CHECKPOINT_INTERVAL = "TOPOTRAIN_CHECKPOINT_INTERVAL"
+CHECKPOINT_KEEP = "TOPOTRAIN_CHECKPOINT_KEEP"
+TRAINING_CONFIG = "TOPOTRAIN_TRAINING_CONFIG"  # JSON of spec.training
+S3_ENDPOINT = "AWS_ENDPOINT_URL_S3"
+ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
+SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
+
+DEFAULT_MASTER_PORT = 29500
+RANK_ORDERS = ("tp-pp-dp", "tp-dp-pp")
+# Environment keys the operator owns; a user's spec.worker.env cannot override them.
+RESERVED = frozenset(
+    {
+        MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, NPROC_PER_NODE, WORLD_SIZE,
+        TP, PP, DP, RANK_ORDER, ATTEMPT, CHECKPOINT_URI, RESUME_STEP, JOB_NAME,
+        JOB_NAMESPACE, CHECKPOINT_INTERVAL, CHECKPOINT_KEEP, TRAINING_CONFIG,
+    }
+)
+
+
+class ContractError(ValueError):
+    """The pod environment does not satisfy the contract."""
+
+
+@dataclass(frozen=True)
+class TrainerEnv:
+    """What one pod of the gang is told about its place in the job."""
+
+    master_addr: str
+    master_port: int
+    nnodes: int
+    node_rank: int
+    nproc_per_node: int
+    tensor: int
+    pipeline: int
+    data: int
+    rank_order: str = "tp-pp-dp"
+    attempt: int = 0
+    checkpoint_uri: str = ""
+    resume_step: int | None = None
+    job_name: str = ""
+    job_namespace: str = ""
+    checkpoint_interval: int = 0
+    checkpoint_keep: int = 3
+    training_config: str = "{}"
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    def validate(self) -> None:
+        if self.rank_order not in RANK_ORDERS:
+            raise ContractError(f"{RANK_ORDER}={self.rank_order!r}: must be one of {RANK_ORDERS}")
+        if self.tensor * self.pipeline * self.data != self.world_size:
+            raise ContractError(
+                f"{TP}*{PP}*{DP}={self.tensor * self.pipeline * self.data} "
+                f"!= {WORLD_SIZE}={self.world_size} ({NNODES}*{NPROC_PER_NODE})"
+            )
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ContractError(f"{NODE_RANK}={self.node_rank} outside [0, {self.nnodes})")
+
+    def to_env(self) -> dict[str, str]:
+        """The environment variables the operator sets on the pod."""
+        self.validate()
+        return {
+            MASTER_ADDR: self.master_addr,
+            MASTER_PORT: str(self.master_port),
+            NNODES: str(self.nnodes),
+            NODE_RANK: str(self.node_rank),
+            NPROC_PER_NODE: str(self.nproc_per_node),
+            WORLD_SIZE: str(self.world_size),
+            TP: str(self.tensor),
+            PP: str(self.pipeline),
+            DP: str(self.data),
+            RANK_ORDER: self.rank_order,
+            ATTEMPT: str(self.attempt),
+            CHECKPOINT_URI: self.checkpoint_uri,
+            RESUME_STEP: "" if self.resume_step is None else str(self.resume_step),
+            JOB_NAME: self.job_name,
+            JOB_NAMESPACE: self.job_namespace,
+            CHECKPOINT_INTERVAL: str(self.checkpoint_interval),
+            CHECKPOINT_KEEP: str(self.checkpoint_keep),
+            TRAINING_CONFIG: self.training_config,
+        }
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> TrainerEnv:
+        """Parse the contract; raises ContractError naming the variable."""
+        env = os.environ if env is None else env
+
+        def req(key: str) -> str:
+            value = env.get(key, "")
+            if value == "":
+                raise ContractError(f"{key} is not set")
+            return value
+
+        def integer(key: str, default: int | None = None) -> int:
+            raw = env.get(key, "")
+            if raw == "":
+                if default is None:
+                    raise ContractError(f"{key} is not set")
+                return default
+            try:
+                return int(raw)
+            except ValueError:
+                raise ContractError(f"{key}={raw!r} is not an integer") from None
+
+        resume_raw = env.get(RESUME_STEP, "")
+        nnodes = integer(NNODES, 1)
+        nproc = integer(NPROC_PER_NODE, 1)
+        parsed = cls(
+            master_addr=env.get(MASTER_ADDR, "127.0.0.1") or "127.0.0.1",
+            master_port=integer(MASTER_PORT, DEFAULT_MASTER_PORT),
+            nnodes=nnodes,
+            node_rank=integer(NODE_RANK, 0),
+            nproc_per_node=nproc,
+            tensor=integer(TP, 1),
+            pipeline=integer(PP, 1),
+            data=integer(DP, nnodes * nproc),
+            rank_order=env.get(RANK_ORDER, "tp-pp-dp") or "tp-pp-dp",
+            attempt=integer(ATTEMPT, 0),
+            checkpoint_uri=env.get(CHECKPOINT_URI, ""),
+            resume_step=integer(RESUME_STEP) if resume_raw else None,
+            job_name=env.get(JOB_NAME, ""),
+            job_namespace=env.get(JOB_NAMESPACE, ""),
+            checkpoint_interval=integer(CHECKPOINT_INTERVAL, 0),
+            checkpoint_keep=integer(CHECKPOINT_KEEP, 3),
+            training_config=env.get(TRAINING_CONFIG, "{}") or "{}",
+        )
+        parsed.validate()
+        return parsed
+
+
+def rank_coords(rank: int, tensor: int, pipeline: int, data: int, order: str) -> tuple[int, int, int]:
+    """(tp, pp, dp) coordinates of a global rank under the rank order (innermost first)."""
+    if order == "tp-pp-dp":
+        return rank % tensor, (rank // tensor) % pipeline, rank // (tensor * pipeline)
+    if order == "tp-dp-pp":
+        return rank % tensor, rank // (tensor * data), (rank // tensor) % data
+    raise ContractError(f"unknown rank order {order!r}")
+
+
+def rank_of(tp: int, pp: int, dp: int, tensor: int, pipeline: int, data: int, order: str) -> int:
+    """Inverse of rank_coords."""
+    if order == "tp-pp-dp":
+        return (dp * pipeline + pp) * tensor + tp
+    if order == "tp-dp-pp":
+        return (pp * data + dp) * tensor + tp
+    raise ContractError(f"unknown rank order {order!r}")

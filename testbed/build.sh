@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Builds the testbed's binaries from upstream Go modules, cached outside the
+# repository under $TOPOTRAIN_CACHE (default ~/.cache/topotrain), keyed by version.
+# Usage: testbed/build.sh [component ...]   (default: all)
+# Prints the bin directory on the last line.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=/dev/null
+source "$here/versions.env"
+cache=${TOPOTRAIN_CACHE:-$HOME/.cache/topotrain}
+bin="$cache/bin"
+mkdir -p "$bin" "$cache/build"
+export CGO_ENABLED=0 GOFLAGS=-buildvcs=false GOTOOLCHAIN=local
+
+log() { printf '[testbed build] %s\n' "$*" >&2; }
+
+# stamp NAME VERSION -> true when bin/NAME was built for VERSION
+stamped() { [ -x "$bin/$1" ] && [ "$(cat "$bin/.$1.version" 2>/dev/null)" = "$2" ]; }
+stamp() { echo "$2" > "$bin/.$1.version"; }
+
+timed() {
+  local start=$SECONDS
+  "$@"
+  log "$* took $((SECONDS - start))s"
+}
+
+build_kubernetes() {
+  local v=$KUBERNETES_VERSION all=1
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+    stamped "$b" "$v" || all=0
+  done
+  [ $all = 1 ] && return 0
+  local dir="$cache/build/kubernetes-$v"
+  mkdir -p "$dir"
+  cp "$here/go/kubernetes/tools.go" "$dir/tools.go"
+  (
+    cd "$dir"
+    # k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces
+    # them with local paths; a consumer must replace each with its published
+    # v0.X.Y. Generate that list from the upstream go.mod.
+    local gomod
+    gomod=$(go mod download -json "k8s.io/kubernetes@$v" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+    local staging="v0.${v#v1.}"
+    {
+      echo "module topotrain.io/testbed/kubernetes"
+      echo
+      grep -E '^go [0-9]' "$gomod"
+      echo
+      echo "require k8s.io/kubernetes $v"
+      echo
+      echo "replace ("
+      sed -nE 's#^\s*(k8s\.io/[a-z0-9-]+) => \./staging/src/.*#\t\1 => \1 '"$staging"'#p' "$gomod"
+      echo ")"
+    } > go.mod
+    go mod tidy >/dev/null 2>&1 || go mod tidy
+    local major=${v#v}; major=${major%%.*}
+    local minor=${v#v*.}; minor=${minor%%.*}
+    local ld="-s -w"
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+      ld="$ld -X $pkg.gitVersion=$v -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+      ld="$ld -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+    done
+    go build -trimpath -ldflags "$ld" -o "$bin/" \
+      k8s.io/kubernetes/cmd/kube-apiserver \
+      k8s.io/kubernetes/cmd/kube-controller-manager \
+      k8s.io/kubernetes/cmd/kube-scheduler \
+      k8s.io/kubernetes/cmd/kubectl
+  )
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do stamp "$b" "$v"; done
+}
+
+build_etcd() {
+  local v=$ETCD_VERSION
+  stamped etcd "$v" && return 0
+  local dir="$cache/build/etcd-$v"
+  mkdir -p "$dir"
+  cp "$here/go/etcd/main.go" "$dir/main.go"
+  (
+    cd "$dir"
+    printf 'module topotrain.io/testbed/etcd\n\ngo 1.24\n\nrequire go.etcd.io/etcd/server/v3 %s\n' "$v" > go.mod
+    go mod tidy >/dev/null 2>&1 || go mod tidy
+    go build -trimpath -ldflags "-s -w" -o "$bin/etcd" .
+  )
+  stamp etcd "$v"
+}
+
+# go install works for modules whose go.mod has no replace directives.
+build_install() {
+  local name=$1 pkg=$2 v=$3
+  stamped "$name" "$v" && return 0
+  GOBIN="$bin" go install -trimpath -ldflags "-s -w ${4:-}" "$pkg@$v"
+  stamp "$name" "$v"
+}
+
+build_kwok() {
+  build_install kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" \
+    "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
+  build_install kwokctl sigs.k8s.io/kwok/cmd/kwokctl "$KWOK_VERSION" \
+    "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
+}
+build_helm() {
+  build_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" \
+    "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+}
+build_versitygw() {
+  build_install versitygw github.com/versity/versitygw/cmd/versitygw "$VERSITYGW_VERSION"
+}
+
+components=("$@")
+[ ${#components[@]} -eq 0 ] && components=(etcd kubernetes kwok helm versitygw)
+for c in "${components[@]}"; do
+  log "building $c"
+  timed "build_$c"
+done
+echo "$bin"
