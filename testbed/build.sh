@@ -97,6 +97,27 @@ build_kwok() {
     "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
   build_install kwokctl sigs.k8s.io/kwok/cmd/kwokctl "$KWOK_VERSION" \
     "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
+  kwok_stages
+}
+
+# The kwok binary has no built-in stages (kwokctl passes them in a config
+# file). Assemble KWOK's own default node and pod stages, plus its chaos
+# stages used for fault injection, from the module at the pinned version.
+kwok_stages() {
+  local v=$KWOK_VERSION out="$cache/share/kwok-stages-$KWOK_VERSION.yaml"
+  [ -s "$out" ] && return 0
+  mkdir -p "$cache/share"
+  local src
+  src=$(go mod download -json "sigs.k8s.io/kwok@$v" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  local stage first=1
+  for stage in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease \
+      pod/fast/pod-ready pod/fast/pod-complete pod/fast/pod-delete \
+      node/chaos/node-not-ready pod/chaos/pod-container-running-failed; do
+    [ $first = 1 ] || echo "---"
+    first=0
+    cat "$src/kustomize/stage/$stage.yaml"
+  done > "$out.tmp"
+  mv "$out.tmp" "$out"
 }
 build_helm() {
   build_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" \

@@ -1,0 +1,379 @@
+"""The TrainingJob API (topotrain.io/v1alpha1) as pydantic models.
+
+These models are the single source of truth: `topotrain crd` generates the
+CRD's OpenAPI schema from them, and every rule the API server can check is
+also enforced here (as CEL in the CRD, as validators in Python), so a spec
+that passes one passes the other. Aliases are the camelCase wire names.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    model_validator,
+)
+
+from topotrain import GROUP, KIND, VERSION
+from topotrain.contract import RANK_ORDERS, RESERVED
+from topotrain.status import TrainingJobStatus
+
+RankOrder = Literal["tp-pp-dp", "tp-dp-pp"]
+Requirement = Literal["Required", "Preferred"]
+assert set(RANK_ORDERS) == {"tp-pp-dp", "tp-dp-pp"}
+
+Quantity = Annotated[
+    int | str,
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}),
+]
+FreeForm = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
+
+IMMUTABLE = [{"rule": "self == oldSelf", "message": "is immutable after creation"}]
+MAX_ENV = 128
+MAX_LIST = 64
+
+
+def _cel(*rules: dict[str, str]) -> dict[str, Any]:
+    return {"x-kubernetes-validations": list(rules)}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=False)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The camelCase dict as stored in the API server (None fields dropped)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class Parallelism(_Model):
+    """Degrees of the 3D mesh; tensor*pipeline*data GPUs in all."""
+
+    tensor: int = Field(
+        1, ge=1, le=1024, description="Tensor-parallel degree (TP). Immutable.",
+        json_schema_extra=_cel(*IMMUTABLE),
+    )
+    pipeline: int = Field(
+        1, ge=1, le=1024, description="Pipeline-parallel degree (PP): number of stages. Immutable.",
+        json_schema_extra=_cel(*IMMUTABLE),
+    )
+    data: int = Field(
+        ..., ge=1, le=65536,
+        description="Desired data-parallel degree (DP). The scale subresource points here: "
+        "`kubectl scale tj/NAME --replicas=N` sets it.",
+    )
+    min_data: int | None = Field(
+        None, alias="minData", ge=1, le=65536,
+        description="Elastic lower bound of the data degree: when capacity is lost the job "
+        "shrinks down to this instead of waiting. Default: equal to data (not elastic).",
+    )
+
+    @model_validator(mode="after")
+    def _min_le_data(self) -> Parallelism:
+        if self.min_data is not None and self.min_data > self.data:
+            raise ValueError(
+                f"spec.parallelism.minData ({self.min_data}) must be <= spec.parallelism.data ({self.data})"
+            )
+        return self
+
+    @property
+    def effective_min_data(self) -> int:
+        return self.data if self.min_data is None else self.min_data
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor * self.pipeline * self.data
+
+
+class EnvVar(_Model):
+    """An environment variable for the trainer container."""
+
+    name: str = Field(..., min_length=1, max_length=256, description="Variable name.")
+    value: str | None = Field(None, description="Literal value.")
+    value_from: FreeForm | None = Field(
+        None, alias="valueFrom", description="A core/v1 EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, ...)."
+    )
+
+
+_RESERVED_LIST = ", ".join(f"'{name}'" for name in sorted(RESERVED))
+ENV_RULE = {
+    "rule": f"self.all(e, !(e.name in [{_RESERVED_LIST}]))",
+    "message": "must not set a variable of the operator->trainer contract (TOPOTRAIN_*, MASTER_*, "
+    "NNODES, NODE_RANK, NPROC_PER_NODE, WORLD_SIZE); the operator sets those",
+}
+
+
+def _no_reserved(env: list[EnvVar]) -> list[EnvVar]:
+    clashes = sorted({e.name for e in env} & RESERVED)
+    if clashes:
+        raise ValueError(f"{ENV_RULE['message']}: {', '.join(clashes)}")
+    return env
+
+
+EnvList = Annotated[list[EnvVar], AfterValidator(_no_reserved)]
+
+
+class Toleration(_Model):
+    """A core/v1 Toleration."""
+
+    key: str | None = Field(None, description="Taint key the toleration applies to; empty matches all keys.")
+    operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal (default Equal).")
+    value: str | None = Field(None, description="Taint value the toleration matches (operator Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect to match; empty matches all effects."
+    )
+    toleration_seconds: int | None = Field(
+        None, alias="tolerationSeconds", description="How long a NoExecute taint is tolerated."
+    )
+
+
+class Resources(_Model):
+    """Extra container resources. The operator adds `nvidia.com/gpu: gpusPerPod` itself."""
+
+    requests: dict[str, Quantity] | None = Field(None, description="Resource requests, e.g. cpu, memory.")
+    limits: dict[str, Quantity] | None = Field(None, description="Resource limits.")
+
+
+class WorkerSpec(_Model):
+    """How each pod of the gang looks and where it may run."""
+
+    gpus_per_pod: int = Field(
+        8, alias="gpusPerPod", ge=1, le=64,
+        description="GPUs (ranks) per pod; pods = tensor*pipeline*data / gpusPerPod. Immutable.",
+        json_schema_extra=_cel(*IMMUTABLE),
+    )
+    gpu_types: list[str] = Field(
+        default_factory=list, alias="gpuTypes", max_length=MAX_LIST,
+        description="Acceptable GPU pools (values of the node label nvidia.com/gpu.product), in "
+        "preference order. Empty: any pool.",
+        json_schema_extra={"default": []},
+    )
+    resources: Resources | None = Field(None, description="Extra container resources (cpu, memory, ...).")
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=MAX_LIST, description="Tolerations added to every pod.",
+        json_schema_extra={"default": []},
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, alias="nodeSelector", description="Nodes must carry these labels.",
+        json_schema_extra={"default": {}},
+    )
+    service_account_name: str | None = Field(
+        None, alias="serviceAccountName", description="ServiceAccount the training pods run as."
+    )
+    priority_class_name: str | None = Field(
+        None, alias="priorityClassName", description="PriorityClass of the training pods."
+    )
+    env: EnvList = Field(
+        default_factory=list, max_length=MAX_ENV, description="Environment added to the trainer container.",
+        json_schema_extra={"default": [], **_cel(ENV_RULE)},
+    )
+
+
+class TopologySpec(_Model):
+    """Placement constraints per parallel dimension: Required (hard) or Preferred (scored)."""
+
+    tensor: Requirement = Field(
+        "Required", description="Required: a tensor-parallel group never leaves one NVLink domain."
+    )
+    pipeline: Requirement = Field(
+        "Preferred", description="Required: a pipeline (all stages of one replica) stays inside one rack."
+    )
+    data: Requirement = Field(
+        "Preferred", description="Required: a data-parallel group stays inside one rack."
+    )
+
+
+class CheckpointSpec(_Model):
+    """Where the trainer writes asynchronous sharded checkpoints and the operator finds them."""
+
+    uri: str = Field(
+        ..., min_length=6, max_length=1024,
+        description="s3://bucket/prefix; the job's data lives under <uri>/<namespace>/<name>/.",
+        json_schema_extra=_cel({"rule": "self.startsWith('s3://')", "message": "must start with s3:// (s3://bucket/prefix)"}),
+    )
+    endpoint: str | None = Field(
+        None, max_length=1024,
+        description="S3-compatible endpoint URL (MinIO, SeaweedFS, versitygw, ...). Default: the "
+        "operator's configured endpoint, else AWS.",
+    )
+    credentials_secret: str | None = Field(
+        None, alias="credentialsSecret", max_length=253,
+        description="Secret in the job's namespace with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.",
+    )
+    interval_steps: int = Field(200, alias="intervalSteps", ge=1, description="Checkpoint every N steps.")
+    keep: int = Field(3, ge=1, le=1000, description="Committed checkpoints to retain.")
+
+    @model_validator(mode="after")
+    def _s3_uri(self) -> CheckpointSpec:
+        if not self.uri.startswith("s3://"):
+            raise ValueError(f"spec.checkpoint.uri {self.uri!r} must start with s3:// (s3://bucket/prefix)")
+        return self
+
+
+class FailurePolicy(_Model):
+    """How failures are retried."""
+
+    max_restarts: int = Field(
+        20, alias="maxRestarts", ge=0, description="Gang restarts before the job is Failed."
+    )
+    backoff_seconds: int = Field(
+        10, alias="backoffSeconds", ge=0,
+        description="Delay before the first restart; doubles per restart, capped at maxBackoffSeconds.",
+    )
+    max_backoff_seconds: int = Field(
+        300, alias="maxBackoffSeconds", ge=0, description="Cap of the exponential restart backoff."
+    )
+    progress_timeout_seconds: int = Field(
+        600, alias="progressTimeoutSeconds", ge=0,
+        description="Hang detection: restart when progress.json is older than this while Running. 0 disables.",
+    )
+    non_retryable_exit_codes: list[int] = Field(
+        default_factory=lambda: [78], alias="nonRetryableExitCodes", max_length=MAX_LIST,
+        description="Trainer exit codes that fail the job at once (bad configuration). "
+        "78 (EX_CONFIG) is what the bundled trainer uses for an invalid config.",
+        json_schema_extra={"default": [78]},
+    )
+
+
+class TrainingJobSpec(_Model):
+    """Desired state of a TrainingJob."""
+
+    image: str = Field(..., min_length=1, max_length=1024, description="Trainer container image.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        None, alias="imagePullPolicy", description="Image pull policy of the trainer container."
+    )
+    command: list[str] | None = Field(
+        None, max_length=MAX_LIST, description="Container command. Default: the image's entrypoint."
+    )
+    args: list[str] | None = Field(None, max_length=MAX_LIST, description="Container arguments.")
+    env: EnvList = Field(
+        default_factory=list, max_length=MAX_ENV,
+        description="Environment for the trainer container (worker.env is applied after it).",
+        json_schema_extra={"default": [], **_cel(ENV_RULE)},
+    )
+    parallelism: Parallelism = Field(..., description="Tensor x pipeline x data degrees.")
+    rank_order: RankOrder = Field(
+        "tp-pp-dp", alias="rankOrder",
+        description="Mesh dimensions innermost to outermost: tp-pp-dp (r = (dp*PP + pp)*TP + tp) "
+        "or tp-dp-pp (Megatron). Immutable.",
+        json_schema_extra=_cel(*IMMUTABLE),
+    )
+    worker: WorkerSpec = Field(
+        default_factory=lambda: WorkerSpec(), description="Pod template and pools.",
+        json_schema_extra={"default": {}},
+    )
+    topology: TopologySpec = Field(
+        default_factory=lambda: TopologySpec(), description="Topology constraints per dimension.",
+        json_schema_extra={"default": {}},
+    )
+    checkpoint: CheckpointSpec | None = Field(None, description="Asynchronous checkpoints in S3.")
+    failure_policy: FailurePolicy = Field(
+        default_factory=lambda: FailurePolicy(), alias="failurePolicy", description="Restart policy.",
+        json_schema_extra={"default": {}},
+    )
+    training: FreeForm = Field(
+        default_factory=dict, description="Free-form configuration handed to the trainer as JSON "
+        "(TOPOTRAIN_TRAINING_CONFIG).", json_schema_extra={"default": {}},
+    )
+
+    @property
+    def pods(self) -> int:
+        return self.parallelism.world_size // self.worker.gpus_per_pod
+
+    @model_validator(mode="after")
+    def _mesh_fits_pods(self) -> TrainingJobSpec:
+        for message in mesh_errors(self.parallelism, self.worker.gpus_per_pod):
+            raise ValueError(message)
+        return self
+
+
+def mesh_errors(par: Parallelism, gpus_per_pod: int) -> list[str]:
+    """The spec-level rules, in Python; CRD_SPEC_RULES says the same in CEL."""
+    errors = []
+    if par.world_size % gpus_per_pod:
+        errors.append(
+            f"spec.worker.gpusPerPod ({gpus_per_pod}) must divide tensor*pipeline*data ({par.world_size})"
+        )
+    if gpus_per_pod % par.tensor and par.tensor % gpus_per_pod:
+        errors.append(
+            f"spec.parallelism.tensor ({par.tensor}) must divide spec.worker.gpusPerPod "
+            f"({gpus_per_pod}) or be a multiple of it"
+        )
+    return errors
+
+
+CRD_SPEC_RULES = [
+    {
+        "rule": "(self.parallelism.tensor * self.parallelism.pipeline * self.parallelism.data)"
+        " % self.worker.gpusPerPod == 0",
+        "message": "worker.gpusPerPod must divide tensor*pipeline*data",
+        "fieldPath": ".worker.gpusPerPod",
+    },
+    {
+        "rule": "self.worker.gpusPerPod % self.parallelism.tensor == 0"
+        " || self.parallelism.tensor % self.worker.gpusPerPod == 0",
+        "message": "parallelism.tensor must divide worker.gpusPerPod or be a multiple of it",
+        "fieldPath": ".parallelism.tensor",
+    },
+]
+CRD_PARALLELISM_RULES = [
+    {
+        "rule": "!has(self.minData) || self.minData <= self.data",
+        "message": "minData must be <= data (kubectl scale cannot go below minData)",
+        "fieldPath": ".minData",
+    },
+]
+
+
+class ObjectMeta(_Model):
+    """The subset of metadata the operator reads."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+    name: str = Field(..., description="Job name.")
+    namespace: str = Field("default", description="Job namespace.")
+    uid: str | None = Field(None, description="Object UID.")
+    generation: int | None = Field(None, description="Spec generation.")
+
+
+class TrainingJob(_Model):
+    """A TrainingJob object as stored in the API server."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+    api_version: str = Field(f"{GROUP}/{VERSION}", alias="apiVersion", description="topotrain.io/v1alpha1")
+    kind: str = Field(KIND, description="TrainingJob")
+    metadata: ObjectMeta
+    spec: TrainingJobSpec
+    status: TrainingJobStatus = Field(default_factory=lambda: TrainingJobStatus())
+
+
+NAME_PATTERN = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+MAX_NAME = 45
+
+
+def validate_manifest(manifest: dict[str, Any]) -> list[str]:
+    """Every problem of a TrainingJob manifest, each naming its field; [] when valid."""
+    problems: list[str] = []
+    if manifest.get("apiVersion") != f"{GROUP}/{VERSION}" or manifest.get("kind") != KIND:
+        problems.append(f"apiVersion/kind: expected {GROUP}/{VERSION} {KIND}")
+    name = str((manifest.get("metadata") or {}).get("name", ""))
+    if len(name) > MAX_NAME or not NAME_PATTERN.match(name):
+        problems.append(f"metadata.name: {name!r} must be a DNS-1035 label of at most {MAX_NAME} characters")
+    spec = manifest.get("spec")
+    if not isinstance(spec, dict):
+        return [*problems, "spec: required"]
+    try:
+        TrainingJobSpec.model_validate(spec)
+    except ValidationError as exc:
+        for err in exc.errors():
+            path = ".".join(str(part) for part in ("spec", *err["loc"]))
+            problems.append(f"{path}: {err['msg']}")
+    return problems

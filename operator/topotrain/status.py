@@ -1,0 +1,191 @@
+"""TrainingJob status models, condition types and reasons.
+
+Condition types and reasons are named constants (as JobSet and Kueue do);
+`set_condition` moves `lastTransitionTime` only when the status flips.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Phase = Literal["Pending", "Starting", "Running", "Recovering", "Succeeded", "Failed"]
+PHASES: tuple[Phase, ...] = ("Pending", "Starting", "Running", "Recovering", "Succeeded", "Failed")
+
+
+class ConditionType:
+    SCHEDULABLE = "Schedulable"  # a placement exists for the gang
+    READY = "Ready"  # every pod of the current attempt is Running
+    PROGRESSING = "Progressing"  # the trainer reports progress within progressTimeoutSeconds
+    RECOVERING = "Recovering"  # a restart is in flight
+    CONFIG_VALID = "ConfigValid"  # references resolve (Secret, pools)
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class Reason:
+    PLACED = "Placed"
+    INSUFFICIENT_CAPACITY = "InsufficientCapacity"
+    UNKNOWN_GPU_TYPE = "UnknownGPUType"
+    TOPOLOGY_UNSATISFIABLE = "TopologyUnsatisfiable"
+    SECRET_NOT_FOUND = "CheckpointSecretNotFound"
+    SECRET_INVALID = "CheckpointSecretInvalid"
+    SECRET_FORBIDDEN = "CheckpointSecretForbidden"
+    CONFIG_OK = "ConfigResolved"
+    PODS_PENDING = "PodsPending"
+    PODS_RUNNING = "PodsRunning"
+    POD_FAILED = "PodFailed"
+    POD_DELETED = "PodDeleted"
+    POD_EVICTED = "PodEvicted"
+    NODE_LOST = "NodeLost"
+    NODE_NOT_READY = "NodeNotReady"
+    PROGRESS_STALLED = "ProgressStalled"
+    PROGRESS_OK = "ProgressReported"
+    BACKOFF = "BackoffWaiting"
+    RESTARTED = "GangRestarted"
+    SHRUNK = "ShrunkDataParallel"
+    GREW = "GrewDataParallel"
+    RESIZED = "Resized"
+    MAX_RESTARTS = "MaxRestartsExceeded"
+    NON_RETRYABLE = "NonRetryableExitCode"
+    COMPLETED = "AllPodsSucceeded"
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+
+class Condition(_Model):
+    """A condition of the job: type/status/reason/message/lastTransitionTime."""
+
+    type: str = Field(..., description="Condition type, e.g. Schedulable, Ready, Progressing, Recovering.")
+    status: Literal["True", "False", "Unknown"] = Field(..., description="True, False or Unknown.")
+    reason: str = Field("", description="CamelCase reason code.")
+    message: str = Field("", description="Human-readable detail.")
+    last_transition_time: str | None = Field(
+        None, alias="lastTransitionTime", description="When status last changed (RFC 3339)."
+    )
+    observed_generation: int | None = Field(
+        None, alias="observedGeneration", description="metadata.generation the condition was computed from."
+    )
+
+
+class CurrentParallelism(_Model):
+    """Parallelism of the running attempt (data may be below spec while shrunk)."""
+
+    tensor: int = Field(..., description="Current tensor-parallel degree.")
+    pipeline: int = Field(..., description="Current pipeline-parallel degree.")
+    data: int = Field(..., description="Current data-parallel degree (scale subresource status replicas).")
+
+
+class PlacementSummary(_Model):
+    """Where the current attempt runs."""
+
+    nodes: int = Field(0, description="Distinct nodes used.")
+    racks: int = Field(0, description="Distinct racks used.")
+    blocks: int = Field(0, description="Distinct blocks used.")
+    cost: float = Field(0, description="Communication cost (NVLink domain 1, rack 4, block 16).")
+    mode: str = Field("", description="initial, incremental or full: how the placement was planned.")
+    message: str = Field("", description="One-line summary.")
+
+
+class FailureRecord(_Model):
+    """The last failure the operator acted on."""
+
+    reason: str = Field(..., description="Reason code (PodFailed, NodeLost, ProgressStalled, ...).")
+    message: str = Field("", description="Detail.")
+    time: str = Field(..., description="When it was detected.")
+    pod: str | None = Field(None, description="Pod involved, if any.")
+    node: str | None = Field(None, description="Node involved, if any.")
+    exit_code: int | None = Field(None, alias="exitCode", description="Container exit code, if any.")
+
+
+class CheckpointStatus(_Model):
+    """The latest committed checkpoint found in S3."""
+
+    step: int = Field(..., description="Training step of the checkpoint.")
+    uri: str = Field(..., description="s3:// URI of its directory.")
+    time: str | None = Field(None, description="When it was committed.")
+
+
+class ProgressStatus(_Model):
+    """The trainer's last heartbeat (progress.json)."""
+
+    step: int = Field(..., description="Last step reported.")
+    time: str | None = Field(None, description="When it was reported.")
+
+
+class RecoveryStatus(_Model):
+    """The last recovery."""
+
+    last_seconds: float | None = Field(
+        None, alias="lastSeconds", description="Failure detected -> all replacement pods Running, seconds."
+    )
+    mode: str | None = Field(None, description="incremental, full, shrink or grow.")
+    resume_step: int | None = Field(None, alias="resumeStep", description="Checkpoint step it resumed from.")
+    started: str | None = Field(None, description="When the failure was detected (in flight while set).")
+
+
+class TrainingJobStatus(_Model):
+    """Observed state, written by the operator once per reconcile pass."""
+
+    phase: Phase = Field("Pending", description="Pending, Starting, Running, Recovering, Succeeded or Failed.")
+    conditions: list[Condition] = Field(default_factory=list, description="Current conditions.")
+    observed_generation: int | None = Field(
+        None, alias="observedGeneration", description="metadata.generation last reconciled."
+    )
+    parallelism: CurrentParallelism | None = Field(None, description="Parallelism of the current attempt.")
+    pool: str | None = Field(None, description="GPU pool (nvidia.com/gpu.product) of the current attempt.")
+    placement: PlacementSummary | None = Field(None, description="Placement of the current attempt.")
+    attempt: int = Field(0, description="Restart epoch (TOPOTRAIN_ATTEMPT) of the current pods.")
+    restarts: int = Field(0, description="Gang restarts so far.")
+    last_failure: FailureRecord | None = Field(None, alias="lastFailure", description="The last failure acted on.")
+    checkpoint: CheckpointStatus | None = Field(None, description="Latest committed checkpoint.")
+    progress: ProgressStatus | None = Field(None, description="Latest trainer heartbeat.")
+    recovery: RecoveryStatus | None = Field(None, description="The last recovery.")
+    selector: str | None = Field(None, description="Label selector of the job's pods (scale subresource).")
+    start_time: str | None = Field(None, alias="startTime", description="When the first attempt started.")
+    completion_time: str | None = Field(None, alias="completionTime", description="When the job finished.")
+
+    def to_wire(self) -> dict[str, object]:
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+
+def set_condition(
+    conditions: list[Condition], type_: str, status: bool | str, reason: str, message: str = "",
+    *, generation: int | None = None, now: str | None = None,
+) -> list[Condition]:
+    """Return conditions with `type_` set; lastTransitionTime moves only on a flip."""
+    value = status if isinstance(status, str) else ("True" if status else "False")
+    out: list[Condition] = []
+    found = False
+    for cond in conditions:
+        if cond.type != type_:
+            out.append(cond)
+            continue
+        found = True
+        flipped = cond.status != value
+        out.append(
+            Condition(
+                type=type_, status=value, reason=reason, message=message,  # type: ignore[arg-type]
+                lastTransitionTime=(now or now_iso()) if flipped else cond.last_transition_time,
+                observedGeneration=generation,
+            )
+        )
+    if not found:
+        out.append(
+            Condition(
+                type=type_, status=value, reason=reason, message=message,  # type: ignore[arg-type]
+                lastTransitionTime=now or now_iso(), observedGeneration=generation,
+            )
+        )
+    return out

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The project's whole test run (what `make test` and CI run): sets up the
+# Python environment and the testbed binaries (cached outside the repo), lints,
+# type-checks, then runs unit, integration, trainer and end-to-end tests.
+# Extra arguments go to pytest, e.g. scripts/test.sh tests/unit -k placement
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+venv=$(scripts/bootstrap.sh trainer | tail -n 1)
+bin=$(testbed/build.sh | tail -n 1)
+export PATH="$venv/bin:$bin:$PATH"
+echo "== ruff"
+ruff check operator trainer_image tests bench testbed scripts
+echo "== mypy --strict"
+mypy --strict operator/topotrain trainer_image/topotrain_trainer
+echo "== pytest"
+set +e
+python -m pytest "${@:-tests}"
+code=$?
+set -e
+# pytest exit 5 means it collected nothing: that is a failure here, not a pass.
+[ $code -eq 5 ] && { echo "pytest ran no tests" >&2; exit 1; }
+exit $code

@@ -1,0 +1,46 @@
+"""Where the testbed finds the binaries that `testbed/build.sh` builds."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BUILD_SCRIPT = REPO_ROOT / "testbed" / "build.sh"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TOPOTRAIN_CACHE", Path.home() / ".cache" / "topotrain"))
+
+
+def bin_dir() -> Path:
+    return cache_dir() / "bin"
+
+
+def binary(name: str) -> Path:
+    """Path of a built testbed binary; raises FileNotFoundError saying how to build it."""
+    path = bin_dir() / name
+    if not os.access(path, os.X_OK):
+        raise FileNotFoundError(
+            f"{path} is missing: build the testbed binaries with `{BUILD_SCRIPT}` "
+            "(or `make testbed-build`)"
+        )
+    return path
+
+
+def versions() -> dict[str, str]:
+    """The pinned versions from testbed/versions.env (KUBERNETES_VERSION, ...)."""
+    pinned: dict[str, str] = {}
+    for line in (REPO_ROOT / "testbed" / "versions.env").read_text().splitlines():
+        name, sep, value = line.partition("=")
+        if sep and not name.startswith("#"):
+            pinned[name.strip()] = value.strip()
+    return pinned
+
+
+def kwok_stages() -> Path:
+    """KWOK's default and chaos stages, assembled by build.sh from the pinned module."""
+    path = cache_dir() / "share" / f"kwok-stages-{versions()['KWOK_VERSION']}.yaml"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: run `{BUILD_SCRIPT} kwok`")
+    return path

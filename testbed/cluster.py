@@ -1,0 +1,227 @@
+"""The testbed launcher: a real Kubernetes control plane (etcd,
+kube-apiserver, kube-controller-manager, kube-scheduler), KWOK playing the
+kubelets of simulated GPU nodes, and an S3 server, all as local processes.
+
+Every process is detached and tracked by a pid file under the state
+directory, so `up` and `down` may run from different commands. `up` starts
+only what is not running; `down` stops every process group it started.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import ssl
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from testbed import components
+from testbed.binaries import REPO_ROOT
+from testbed.components import Layout, Ports
+from testbed.pki import ADMIN, CONTROLLER_MANAGER, KWOK, SCHEDULER, ClientIdentity, ensure_pki
+from testbed.procs import ManagedProcess, free_port, wait_until
+from testbed.s3 import S3Server
+
+DEFAULT_BUCKET = "topotrain"
+STATE_DIR_ENV = "TOPOTRAIN_TESTBED_DIR"
+
+ArgvBuilder = Callable[[Layout, Ports], list[str]]
+# Start order; `down` stops in reverse.
+CONTROL_PLANE: tuple[tuple[str, ArgvBuilder], ...] = (
+    ("etcd", components.etcd),
+    ("kube-apiserver", components.apiserver),
+    ("kube-controller-manager", components.controller_manager),
+    ("kube-scheduler", components.scheduler),
+    ("kwok", components.kwok),
+)
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get(STATE_DIR_ENV, REPO_ROOT / ".testbed")).resolve()
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    name: str
+    pid: int | None
+    endpoint: str
+    log: Path
+
+
+class Testbed:
+    """One testbed rooted at `state_dir` (default `.testbed/` or $TOPOTRAIN_TESTBED_DIR)."""
+
+    def __init__(self, state_dir: Path | str | None = None) -> None:
+        self.layout = Layout(Path(state_dir).resolve() if state_dir else default_state_dir())
+        self.root = self.layout.root
+        self._state_file = self.root / "state.json"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.layout.kubeconfig
+
+    @property
+    def s3(self) -> S3Server:
+        return S3Server(self.layout.s3_data, run_dir=self.root)
+
+    def process(self, name: str) -> ManagedProcess:
+        return ManagedProcess(name, self.root)
+
+    def ports(self) -> Ports:
+        """The ports this testbed uses, chosen once and kept across restarts."""
+        try:
+            return Ports(**json.loads(self._state_file.read_text())["ports"])
+        except (OSError, KeyError, TypeError, ValueError):
+            pass
+        chosen: set[int] = set()
+        while len(chosen) < len(Ports.__dataclass_fields__):
+            chosen.add(free_port())
+        ports = Ports(*sorted(chosen))
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._state_file.write_text(json.dumps({"ports": asdict(ports)}, indent=2) + "\n")
+        return ports
+
+    def is_up(self) -> bool:
+        """All processes run and the API server answers /readyz."""
+        return all(self.process(n).running() for n, _ in CONTROL_PLANE) and self._apiserver_ready()
+
+    def up(self, topology: Path | str | dict[str, object] | None = None, timeout: float = 120.0) -> None:
+        """Start whatever is not running, then apply `topology` (if given) and wait for its nodes."""
+        ports = self.ports()
+        ensure_pki(self.layout.pki)
+        self._write_kubeconfigs(ports)
+        for name, argv in CONTROL_PLANE:
+            self.process(name).start(argv(self.layout, ports))
+            self._wait_component(name, ports, timeout)
+        self.s3.start()
+        self.s3.create_bucket(DEFAULT_BUCKET)
+        self._write_s3_env()
+        if topology is not None:
+            from testbed.nodes import apply_topology, wait_nodes_ready
+
+            names = apply_topology(self.kubeconfig, topology)
+            wait_nodes_ready(self.kubeconfig, names, timeout=timeout)
+
+    def down(self) -> list[str]:
+        """Stop every process; returns the names of those that were running. Data stays."""
+        stopped = [n for n, _ in reversed(CONTROL_PLANE) if self.process(n).stop()]
+        if self.s3.stop():
+            stopped.append("versitygw")
+        return stopped
+
+    def status(self) -> list[ComponentStatus]:
+        ports = self.ports()
+        endpoints = {
+            "etcd": f"http://127.0.0.1:{ports.etcd_client}",
+            "kube-apiserver": f"https://127.0.0.1:{ports.apiserver}",
+            "kube-controller-manager": f"https://127.0.0.1:{ports.controller_manager}",
+            "kube-scheduler": f"https://127.0.0.1:{ports.scheduler}",
+            "kwok": f"http://127.0.0.1:{ports.kwok}",
+        }
+        rows = [
+            ComponentStatus(n, self.process(n).pid(), endpoints[n], self.process(n).log_file)
+            for n, _ in CONTROL_PLANE
+        ]
+        s3 = self.s3
+        s3_pid = ManagedProcess("versitygw", self.root).pid()
+        rows.append(ComponentStatus("versitygw", s3_pid, s3.endpoint, s3.log_file))
+        return rows
+
+    # --- readiness -------------------------------------------------------
+
+    def _wait_component(self, name: str, ports: Ports, timeout: float) -> None:
+        checks: dict[str, Callable[[], bool]] = {
+            "etcd": lambda: _http_ok(f"http://127.0.0.1:{ports.etcd_client}/health"),
+            "kube-apiserver": self._apiserver_ready,
+            "kube-controller-manager": lambda: _https_ok(ports.controller_manager),
+            "kube-scheduler": lambda: _https_ok(ports.scheduler),
+            "kwok": lambda: _http_ok(f"http://127.0.0.1:{ports.kwok}/healthz"),
+        }
+        process = self.process(name)
+
+        def ready() -> bool:
+            if not process.running():
+                raise RuntimeError(f"{name} exited; log {process.log_file}:\n{process.tail()}")
+            return checks[name]()
+
+        try:
+            wait_until(ready, timeout=timeout, what=name, interval=0.3)
+        except TimeoutError as err:
+            raise TimeoutError(f"{err}; log {process.log_file}:\n{process.tail()}") from None
+
+    def _apiserver_ready(self) -> bool:
+        pki = self.layout.pki
+        context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        return _http_ok(f"https://127.0.0.1:{self.ports().apiserver}/readyz", context)
+
+    # --- files -----------------------------------------------------------
+
+    def _write_kubeconfigs(self, ports: Ports) -> None:
+        server = f"https://127.0.0.1:{ports.apiserver}"
+        _write_kubeconfig(self.kubeconfig, server, self.layout.pki, ADMIN)
+        for identity in (CONTROLLER_MANAGER, SCHEDULER, KWOK):
+            path = self.layout.component_kubeconfig(identity.stem)
+            _write_kubeconfig(path, server, self.layout.pki, identity)
+
+    def _write_s3_env(self) -> None:
+        env = {**self.s3.env(), "TOPOTRAIN_TESTBED_BUCKET": DEFAULT_BUCKET}
+        (self.root / "s3.env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+
+
+def _b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def _write_kubeconfig(path: Path, server: str, pki: Path, identity: ClientIdentity) -> None:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "topotrain-testbed",
+                "cluster": {"server": server, "certificate-authority-data": _b64(pki / "ca.crt")},
+            }
+        ],
+        "users": [
+            {
+                "name": identity.user,
+                "user": {
+                    "client-certificate-data": _b64(pki / f"{identity.stem}.crt"),
+                    "client-key-data": _b64(pki / f"{identity.stem}.key"),
+                },
+            }
+        ],
+        "contexts": [
+            {
+                "name": "topotrain-testbed",
+                "context": {"cluster": "topotrain-testbed", "user": identity.user},
+            }
+        ],
+        "current-context": "topotrain-testbed",
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=3, context=context) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _https_ok(port: int) -> bool:
+    """/healthz of a component serving a self-signed certificate (always-allowed path)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return _http_ok(f"https://127.0.0.1:{port}/healthz", context)

@@ -1,0 +1,162 @@
+"""Command lines of the control-plane processes, modelled on the flags that
+envtest and kwokctl's binary runtime pass. Pure functions of the layout and
+the ports, so they read as one table of how the testbed is wired."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from testbed.binaries import binary, kwok_stages
+from testbed.pki import SERVICE_CIDR
+
+# KWOK manages only nodes carrying this annotation; removing it is how a node
+# "loses its kubelet" (no more heartbeats or lease renewals).
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+KWOK_NODE_VALUE = "fake"
+NODE_LEASE_SECONDS = 40
+# The node lifecycle controller marks a node Unknown (and taints it
+# unreachable) when its lease has not been renewed for this long.
+NODE_MONITOR_GRACE = "20s"
+
+
+@dataclass(frozen=True)
+class Ports:
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+    scheduler: int
+    kwok: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each piece of state lives under the testbed directory."""
+
+    root: Path
+
+    @property
+    def pki(self) -> Path:
+        return self.root / "pki"
+
+    @property
+    def etcd_data(self) -> Path:
+        return self.root / "etcd"
+
+    @property
+    def s3_data(self) -> Path:
+        return self.root / "s3"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    def component_kubeconfig(self, stem: str) -> Path:
+        return self.root / "kubeconfigs" / f"{stem}.kubeconfig"
+
+    def pem(self, name: str) -> str:
+        return str(self.pki / name)
+
+
+def etcd(layout: Layout, ports: Ports) -> list[str]:
+    client = f"http://127.0.0.1:{ports.etcd_client}"
+    peer = f"http://127.0.0.1:{ports.etcd_peer}"
+    return [
+        str(binary("etcd")),
+        "--name=testbed",
+        f"--data-dir={layout.etcd_data}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=testbed={peer}",
+        # A throwaway cluster: skip fsync as envtest does (durability is not tested here).
+        "--unsafe-no-fsync=true",
+        "--quota-backend-bytes=4294967296",
+        "--log-level=warn",
+    ]
+
+
+def apiserver(layout: Layout, ports: Ports) -> list[str]:
+    pem = layout.pem
+    return [
+        str(binary("kube-apiserver")),
+        f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={ports.apiserver}",
+        f"--tls-cert-file={pem('apiserver.crt')}",
+        f"--tls-private-key-file={pem('apiserver.key')}",
+        f"--client-ca-file={pem('ca.crt')}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pem('sa.pub')}",
+        f"--service-account-signing-key-file={pem('sa.key')}",
+        "--authorization-mode=Node,RBAC",
+        "--allow-privileged=true",
+        # One client fleet on one machine: no request throttling (kwokctl --disable-qps-limits).
+        "--max-requests-inflight=0",
+        "--max-mutating-requests-inflight=0",
+        "--enable-priority-and-fairness=false",
+        "--profiling=false",
+        "--event-ttl=1h",
+        "--v=1",
+    ]
+
+
+def _delegated_auth(layout: Layout, stem: str) -> list[str]:
+    kubeconfig = str(layout.component_kubeconfig(stem))
+    return [
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        "--leader-elect=false",
+        "--profiling=false",
+    ]
+
+
+def controller_manager(layout: Layout, ports: Ports) -> list[str]:
+    pem = layout.pem
+    return [
+        str(binary("kube-controller-manager")),
+        *_delegated_auth(layout, "kube-controller-manager"),
+        f"--secure-port={ports.controller_manager}",
+        "--controllers=*",
+        "--use-service-account-credentials=true",
+        f"--service-account-private-key-file={pem('sa.key')}",
+        f"--root-ca-file={pem('ca.crt')}",
+        f"--cluster-signing-cert-file={pem('ca.crt')}",
+        f"--cluster-signing-key-file={pem('ca.key')}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--cluster-name=topotrain-testbed",
+        "--node-monitor-period=2s",
+        f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
+        "--kube-api-qps=200",
+        "--kube-api-burst=400",
+        "--v=1",
+    ]
+
+
+def scheduler(layout: Layout, ports: Ports) -> list[str]:
+    return [
+        str(binary("kube-scheduler")),
+        *_delegated_auth(layout, "kube-scheduler"),
+        f"--secure-port={ports.scheduler}",
+        "--v=1",
+    ]
+
+
+def kwok(layout: Layout, ports: Ports) -> list[str]:
+    return [
+        str(binary("kwok")),
+        f"--kubeconfig={layout.component_kubeconfig('kwok')}",
+        f"--config={kwok_stages()}",
+        "--manage-all-nodes=false",
+        f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}={KWOK_NODE_VALUE}",
+        f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
+        "--node-ip=10.0.0.1",
+        "--cidr=10.244.0.0/16",
+        f"--server-address=127.0.0.1:{ports.kwok}",
+    ]

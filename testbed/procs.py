@@ -1,0 +1,166 @@
+"""Detached local processes tracked by pid files, so one command starts them
+and a later one (another Python process) finds and stops them.
+
+Each process runs in its own session (process group == pid), so stopping it
+signals the whole group and leaves no child behind. A pid file records the
+process start time as well, so a recycled pid is never mistaken for ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def _start_ticks(pid: int) -> str | None:
+    """Kernel start time of `pid` (field 22 of /proc/PID/stat), None if gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces: split after its ')'.
+    fields = stat.rsplit(")", 1)[1].split()
+    state, ticks = fields[0], fields[19]
+    return None if state in ("Z", "X") else ticks
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status if `pid` is our child, so it does not linger as a zombie."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+@dataclass(frozen=True)
+class ManagedProcess:
+    """One named long-running process with its pid file and log under `run_dir`."""
+
+    name: str
+    run_dir: Path
+
+    @property
+    def pid_file(self) -> Path:
+        return self.run_dir / f"{self.name}.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.run_dir / "logs" / f"{self.name}.log"
+
+    def pid(self) -> int | None:
+        """The pid of the live process this file names, else None."""
+        try:
+            pid_text, ticks = self.pid_file.read_text().split()
+        except (OSError, ValueError):
+            return None
+        pid = int(pid_text)
+        _reap(pid)
+        return pid if _start_ticks(pid) == ticks else None
+
+    def running(self) -> bool:
+        return self.pid() is not None
+
+    def start(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> int:
+        """Start `argv` detached unless it already runs; returns its pid."""
+        existing = self.pid()
+        if existing is not None:
+            return existing
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_file.open("ab") as log:
+            log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(env) if env is not None else None,
+                cwd=cwd,
+                start_new_session=True,
+            )
+        ticks = _start_ticks(proc.pid)
+        if ticks is None:
+            raise RuntimeError(f"{self.name} exited at once; see {self.log_file}")
+        self.pid_file.write_text(f"{proc.pid} {ticks}\n")
+        return proc.pid
+
+    def stop(self, timeout: float = 15.0) -> bool:
+        """Stop the process group (TERM, then KILL after `timeout`); True if one was running."""
+        pid = self.pid()
+        self.pid_file.unlink(missing_ok=True)
+        if pid is None:
+            return False
+        _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            _reap(pid)
+            if _start_ticks(pid) is None and not _group_alive(pid):
+                return True
+            time.sleep(0.1)
+        _signal_group(pid, signal.SIGKILL)
+        for _ in range(50):
+            _reap(pid)
+            if _start_ticks(pid) is None:
+                break
+            time.sleep(0.1)
+        return True
+
+    def tail(self, lines: int = 20) -> str:
+        """The last lines of the log, for error messages."""
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A group whose only members are zombies still answers signal 0.
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError):
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                return True
+    return False
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_until(check: Callable[[], bool], *, timeout: float, what: str, interval: float = 0.2) -> None:
+    """Poll `check` until it returns True; raise TimeoutError naming `what` otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if check():
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)

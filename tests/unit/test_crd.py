@@ -1,0 +1,95 @@
+"""The checked-in CRD is what the models generate, and it teaches the API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from topotrain.crd import CRD_FILENAME, build_crd, render_crd
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_checked_in_crd_matches_the_models() -> None:
+    checked_in = (ROOT / "crds" / CRD_FILENAME).read_text()
+    assert checked_in == render_crd(), "crds/ is stale: run `make crds`"
+
+
+def test_chart_crd_matches_top_level_crd() -> None:
+    chart_crd = ROOT / "charts" / "topotrain" / "crds" / CRD_FILENAME
+    assert chart_crd.read_text() == (ROOT / "crds" / CRD_FILENAME).read_text(), "run `make crds`"
+
+
+def _walk(node: dict[str, Any], path: str) -> list[str]:
+    missing = []
+    for name, child in node.get("properties", {}).items():
+        here = f"{path}.{name}"
+        if name != "metadata" and not child.get("description"):
+            missing.append(here)
+        missing += _walk(child, here)
+    items = node.get("items")
+    if isinstance(items, dict):
+        missing += _walk(items, f"{path}[]")
+    return missing
+
+
+def schema() -> dict[str, Any]:
+    crd = build_crd()
+    result: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return result
+
+
+def test_every_field_has_a_description() -> None:
+    assert _walk(schema(), "") == []
+
+
+def test_only_training_is_free_form() -> None:
+    def free_form(node: dict[str, Any], path: str) -> list[str]:
+        found = [path] if node.get("x-kubernetes-preserve-unknown-fields") else []
+        for name, child in node.get("properties", {}).items():
+            found += free_form(child, f"{path}.{name}")
+        if isinstance(node.get("items"), dict):
+            found += free_form(node["items"], f"{path}[]")
+        return found
+
+    assert free_form(schema()["properties"]["spec"], "spec") == [
+        "spec.env[].valueFrom", "spec.worker.env[].valueFrom", "spec.training",
+    ]
+
+
+def test_structural_schema_has_no_unions_or_refs() -> None:
+    def bad(node: Any, path: str) -> list[str]:
+        if isinstance(node, list):
+            return [p for i, item in enumerate(node) for p in bad(item, f"{path}[{i}]")]
+        if not isinstance(node, dict):
+            return []
+        found = []
+        if "$ref" in node or node.get("type") == "null":
+            found.append(path)
+        if "anyOf" in node and not node.get("x-kubernetes-int-or-string"):
+            found.append(path)
+        return found + [p for k, v in node.items() for p in bad(v, f"{path}.{k}")]
+
+    assert bad(schema(), "") == []
+
+
+def test_scale_subresource_points_at_data_parallelism() -> None:
+    version = build_crd()["spec"]["versions"][0]
+    scale = version["subresources"]["scale"]
+    assert scale["specReplicasPath"] == ".spec.parallelism.data"
+    assert scale["statusReplicasPath"] == ".status.parallelism.data"
+    assert "status" in version["subresources"]
+
+
+def test_immutable_fields_carry_transition_rules() -> None:
+    spec = schema()["properties"]["spec"]["properties"]
+    for node in (
+        spec["parallelism"]["properties"]["tensor"],
+        spec["parallelism"]["properties"]["pipeline"],
+        spec["rankOrder"],
+        spec["worker"]["properties"]["gpusPerPod"],
+    ):
+        rules = [v["rule"] for v in node["x-kubernetes-validations"]]
+        assert "self == oldSelf" in rules
