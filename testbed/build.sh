@@ -124,7 +124,8 @@ build_helm() {
     "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 }
 build_versitygw() {
-  build_install versitygw github.com/versity/versitygw/cmd/versitygw "$VERSITYGW_VERSION"
+  build_install versitygw github.com/versity/versitygw/cmd/versitygw "$VERSITYGW_VERSION" \
+    "-X main.Version=$VERSITYGW_VERSION"
 }
 
 components=("$@")

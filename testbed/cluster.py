@@ -91,7 +91,9 @@ class Testbed:
         """All processes run and the API server answers /readyz."""
         return all(self.process(n).running() for n, _ in CONTROL_PLANE) and self._apiserver_ready()
 
-    def up(self, topology: Path | str | dict[str, object] | None = None, timeout: float = 120.0) -> None:
+    def up(
+        self, topology: Path | str | dict[str, object] | None = None, timeout: float = 120.0
+    ) -> None:
         """Start whatever is not running, then apply `topology` (if given) and wait for its nodes."""
         ports = self.ports()
         ensure_pki(self.layout.pki)

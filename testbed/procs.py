@@ -155,7 +155,9 @@ def free_port() -> int:
         return port
 
 
-def wait_until(check: Callable[[], bool], *, timeout: float, what: str, interval: float = 0.2) -> None:
+def wait_until(
+    check: Callable[[], bool], *, timeout: float, what: str, interval: float = 0.2
+) -> None:
     """Poll `check` until it returns True; raise TimeoutError naming `what` otherwise."""
     deadline = time.monotonic() + timeout
     while True:

@@ -41,7 +41,9 @@ class S3Server:
         run_dir: Path | str | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
-        self.run_dir = Path(run_dir) if run_dir else self.data_dir.with_name(self.data_dir.name + ".run")
+        self.run_dir = (
+            Path(run_dir) if run_dir else self.data_dir.with_name(self.data_dir.name + ".run")
+        )
         self.access_key = access_key
         self.secret_key = secret_key
         self._process = ManagedProcess("versitygw", self.run_dir)

@@ -24,7 +24,11 @@ def server(tmp_path: Path) -> Iterator[S3Server]:
 def test_put_get_list(server: S3Server) -> None:
     client = server.client()
     server.create_bucket("ckpt")
-    for key in ("job/step-0000000001/COMMITTED", "job/step-0000000002/shard-0", "job/progress.json"):
+    for key in (
+        "job/step-0000000001/COMMITTED",
+        "job/step-0000000002/shard-0",
+        "job/progress.json",
+    ):
         client.put_object(Bucket="ckpt", Key=key, Body=key.encode())
 
     listed = client.list_objects_v2(Bucket="ckpt", Prefix="job/step-")

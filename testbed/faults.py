@@ -1,0 +1,98 @@
+"""Fault injection on the testbed, through real mechanisms only.
+
+- Pod failure: KWOK's own chaos stage `pod-container-running-failed`. The
+  pod gets its label and annotations; KWOK (as the kubelet would) writes the
+  container's terminated state with the exit code and reason, phase Failed.
+- Node NotReady: KWOK's chaos stage `node-not-ready` makes the "kubelet"
+  report Ready=False; the real kube-controller-manager then taints the node
+  `node.kubernetes.io/not-ready`.
+- Node unreachable: the node loses KWOK's management annotation, so nobody
+  renews its lease or heartbeats; after the node-monitor grace period the
+  real kube-controller-manager marks it Unknown and taints it
+  `node.kubernetes.io/unreachable`, as for a machine that died.
+- Node deletion: the Node object is deleted (`testbed.nodes.delete_node`).
+- S3 outage: the versitygw process is stopped and started again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from testbed.components import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE
+from testbed.nodes import api_client
+
+POD_FAILED_STAGE = "pod-container-running-failed.stage.kwok.x-k8s.io"
+NODE_NOT_READY_STAGE = "node-not-ready.stage.kwok.x-k8s.io"
+
+
+def fail_pod(
+    kubeconfig: Path | str,
+    namespace: str,
+    name: str,
+    *,
+    exit_code: int = 1,
+    reason: str = "Error",
+    message: str = "injected by the topotrain testbed",
+    container: str | None = None,
+) -> None:
+    """Make a Running pod's container terminate with `exit_code` (all containers unless `container`)."""
+    annotations = {
+        f"{POD_FAILED_STAGE}/exit-code": str(exit_code),
+        f"{POD_FAILED_STAGE}/reason": reason,
+        f"{POD_FAILED_STAGE}/message": message,
+    }
+    if container:
+        annotations[f"{POD_FAILED_STAGE}/container-name"] = container
+    patch = {"metadata": {"labels": {POD_FAILED_STAGE: "true"}, "annotations": annotations}}
+    with api_client(kubeconfig) as api:
+        client.CoreV1Api(api).patch_namespaced_pod(name, namespace, patch)
+
+
+def _patch_node(kubeconfig: Path | str, name: str, patch: dict[str, Any]) -> None:
+    with api_client(kubeconfig) as api:
+        client.CoreV1Api(api).patch_node(name, patch)
+
+
+def node_not_ready(
+    kubeconfig: Path | str, name: str, *, reason: str = "KubeletNotReady", message: str = "injected"
+) -> None:
+    """The node's kubelet (KWOK) reports Ready=False until `node_ready`."""
+    _patch_node(
+        kubeconfig,
+        name,
+        {
+            "metadata": {
+                "labels": {NODE_NOT_READY_STAGE: "true"},
+                "annotations": {
+                    f"{NODE_NOT_READY_STAGE}/reason": reason,
+                    f"{NODE_NOT_READY_STAGE}/message": message,
+                },
+            }
+        },
+    )
+
+
+def node_ready(kubeconfig: Path | str, name: str) -> None:
+    """Undo `node_not_ready` and `node_unreachable`: KWOK reports the node Ready again."""
+    _patch_node(
+        kubeconfig,
+        name,
+        {
+            "metadata": {
+                "labels": {NODE_NOT_READY_STAGE: None},
+                "annotations": {
+                    KWOK_NODE_ANNOTATION: KWOK_NODE_VALUE,
+                    f"{NODE_NOT_READY_STAGE}/reason": None,
+                    f"{NODE_NOT_READY_STAGE}/message": None,
+                },
+            }
+        },
+    )
+
+
+def node_unreachable(kubeconfig: Path | str, name: str) -> None:
+    """Stop the node's heartbeats and lease renewals, as if the machine died."""
+    _patch_node(kubeconfig, name, {"metadata": {"annotations": {KWOK_NODE_ANNOTATION: None}}})
