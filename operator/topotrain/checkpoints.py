@@ -1,0 +1,308 @@
+"""The checkpoint layout in S3, shared by the trainer (writes) and the operator (reads).
+
+    <uri>/<namespace>/<name>/step-0000000042/        DCP shard files + .metadata
+    <uri>/<namespace>/<name>/step-0000000042/COMMITTED  JSON {step, mesh, bytes, time}, last
+    <uri>/<namespace>/<name>/progress.json           JSON {step, time, attempt}, heartbeat
+
+A checkpoint exists only once its COMMITTED marker exists; everything else
+under a step directory is a partial upload. boto3 only (no torch), so the
+operator image stays small. URIs stay strings (`s3://bucket/key/prefix`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import ObjectIdentifierTypeDef
+
+COMMITTED = "COMMITTED"
+PROGRESS = "progress.json"
+STEP_PREFIX = "step-"
+_STEP_RE = re.compile(r"^step-(\d{10})$")
+
+
+class CheckpointError(RuntimeError):
+    """The checkpoint store holds something that does not follow the layout."""
+
+
+def job_prefix(uri: str, namespace: str, name: str) -> str:
+    """`<uri>/<namespace>/<name>`: where one job's checkpoints live."""
+    split_uri(uri)  # validates the scheme and bucket
+    return f"{uri.rstrip('/')}/{namespace}/{name}"
+
+
+def step_dir(prefix: str, step: int) -> str:
+    """`<prefix>/step-0000000042`: the directory of one checkpoint."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return f"{prefix.rstrip('/')}/{STEP_PREFIX}{step:010d}"
+
+
+def split_uri(uri: str) -> tuple[str, str]:
+    """`s3://bucket/a/b` -> ("bucket", "a/b")."""
+    if not uri.startswith("s3://"):
+        raise ValueError(f"checkpoint uri {uri!r} must start with s3://")
+    bucket, _, key = uri[len("s3://") :].partition("/")
+    if not bucket:
+        raise ValueError(f"checkpoint uri {uri!r} names no bucket")
+    return bucket, key.strip("/")
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+def _format_time(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_time(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+
+
+@dataclass(frozen=True)
+class CommittedCheckpoint:
+    """A complete checkpoint: its COMMITTED marker was written after every shard."""
+
+    step: int
+    uri: str  # the step directory, s3://bucket/.../step-0000000042
+    time: datetime  # UTC, when it was committed
+    mesh: Mapping[str, int] = field(default_factory=dict)  # {"tensor", "pipeline", "data"}
+    bytes: int = 0  # total size of the shard files
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The trainer's heartbeat: the last step it finished, and in which attempt."""
+
+    step: int
+    time: datetime  # UTC
+    attempt: int
+
+
+class CheckpointStore:
+    """One job's checkpoint directory in an S3-compatible store.
+
+    Build it from endpoint and credentials, or hand it a ready boto3 client
+    (tests pass the testbed's; a unit test may pass a fake):
+
+        CheckpointStore("s3://ckpt/ns/job", "http://s3:9000", "key", "secret")
+        CheckpointStore("s3://ckpt/ns/job", client=boto3.client("s3"))
+    """
+
+    def __init__(
+        self,
+        prefix_uri: str,
+        endpoint: str | None = None,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        *,
+        client: S3Client | None = None,
+    ) -> None:
+        self.uri = prefix_uri.rstrip("/")
+        self.bucket, self.key_prefix = split_uri(self.uri)
+        self.client: S3Client = client or make_client(endpoint, access_key, secret_key)
+
+    # --- keys -------------------------------------------------------------
+
+    def _key(self, *parts: str) -> str:
+        return "/".join(p for p in (self.key_prefix, *parts) if p)
+
+    def step_key(self, step: int) -> str:
+        """The key prefix of a step directory (no trailing slash)."""
+        return self._key(f"{STEP_PREFIX}{step:010d}")
+
+    def step_uri(self, step: int) -> str:
+        return step_dir(self.uri, step)
+
+    # --- listing ----------------------------------------------------------
+
+    def _list(self, prefix: str, delimiter: str = "") -> Iterator[dict[str, Any]]:
+        """Every page of list_objects_v2 under `prefix`."""
+        token: str | None = None
+        while True:
+            args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
+            if delimiter:
+                args["Delimiter"] = delimiter
+            if token:
+                args["ContinuationToken"] = token
+            page: dict[str, Any] = dict(self.client.list_objects_v2(**args))
+            yield page
+            if not page.get("IsTruncated"):
+                return
+            token = page.get("NextContinuationToken")
+
+    def step_dirs(self) -> list[int]:
+        """Every step directory present, committed or not, ascending."""
+        root = self._key("") + "/" if self.key_prefix else ""
+        steps: list[int] = []
+        for page in self._list(root, delimiter="/"):
+            for common in page.get("CommonPrefixes", []):
+                name = str(common["Prefix"])[len(root) :].rstrip("/")
+                match = _STEP_RE.match(name)
+                if match:
+                    steps.append(int(match.group(1)))
+        return sorted(steps)
+
+    def step_objects(self, step: int) -> dict[str, int]:
+        """Object names (relative to the step directory) and sizes."""
+        root = self.step_key(step) + "/"
+        objects: dict[str, int] = {}
+        for page in self._list(root):
+            for obj in page.get("Contents", []):
+                objects[str(obj["Key"])[len(root) :]] = int(obj.get("Size", 0))
+        return objects
+
+    # --- commits ----------------------------------------------------------
+
+    def _read_json(self, key: str) -> dict[str, Any] | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise
+        loaded = json.loads(body)
+        if not isinstance(loaded, dict):
+            raise CheckpointError(f"s3://{self.bucket}/{key} is not a JSON object")
+        return loaded
+
+    def _write_json(self, key: str, document: Mapping[str, Any]) -> None:
+        body = json.dumps(document, sort_keys=True).encode()
+        self.client.put_object(
+            Bucket=self.bucket, Key=key, Body=body, ContentType="application/json"
+        )
+
+    def read_commit(self, step: int) -> CommittedCheckpoint | None:
+        """The COMMITTED marker of `step`, or None while the checkpoint is partial."""
+        doc = self._read_json(f"{self.step_key(step)}/{COMMITTED}")
+        if doc is None:
+            return None
+        try:
+            return CommittedCheckpoint(
+                step=int(doc["step"]),
+                uri=self.step_uri(step),
+                time=_parse_time(str(doc["time"])),
+                mesh={str(k): int(v) for k, v in dict(doc.get("mesh", {})).items()},
+                bytes=int(doc.get("bytes", 0)),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise CheckpointError(f"{self.step_uri(step)}/{COMMITTED} is malformed: {err}") from err
+
+    def list_committed(self) -> list[CommittedCheckpoint]:
+        """Every complete checkpoint, ascending by step."""
+        found = (self.read_commit(step) for step in self.step_dirs())
+        return [c for c in found if c is not None]
+
+    def latest_committed(self) -> CommittedCheckpoint | None:
+        """The highest step with a COMMITTED marker; partial checkpoints never count."""
+        for step in reversed(self.step_dirs()):
+            commit = self.read_commit(step)
+            if commit is not None:
+                return commit
+        return None
+
+    def write_commit(
+        self, step: int, mesh: Mapping[str, int], bytes: int, time: datetime | None = None
+    ) -> CommittedCheckpoint:
+        """Mark `step` complete. Call only after every shard of it is uploaded."""
+        moment = time or _now()
+        self._write_json(
+            f"{self.step_key(step)}/{COMMITTED}",
+            {"step": step, "mesh": dict(mesh), "bytes": bytes, "time": _format_time(moment)},
+        )
+        return CommittedCheckpoint(step, self.step_uri(step), moment, dict(mesh), bytes)
+
+    # --- progress heartbeat -------------------------------------------------
+
+    def read_progress(self) -> Progress | None:
+        doc = self._read_json(self._key(PROGRESS))
+        if doc is None:
+            return None
+        try:
+            return Progress(int(doc["step"]), _parse_time(str(doc["time"])), int(doc["attempt"]))
+        except (KeyError, TypeError, ValueError) as err:
+            raise CheckpointError(f"{self.uri}/{PROGRESS} is malformed: {err}") from err
+
+    def write_progress(self, step: int, attempt: int, time: datetime | None = None) -> Progress:
+        moment = time or _now()
+        self._write_json(
+            self._key(PROGRESS), {"step": step, "time": _format_time(moment), "attempt": attempt}
+        )
+        return Progress(step, moment, attempt)
+
+    # --- shard files --------------------------------------------------------
+
+    def upload_file(self, step: int, name: str, path: Path | str) -> None:
+        """Upload one shard file into the step directory (multipart when large)."""
+        self.client.upload_file(str(path), self.bucket, f"{self.step_key(step)}/{name}")
+
+    def download_step(self, step: int, dest: Path | str) -> list[str]:
+        """Download every object of a step directory into `dest`; returns the names."""
+        dest_dir = Path(dest)
+        names = sorted(self.step_objects(step))
+        for name in names:
+            target = dest_dir / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self.client.download_file(self.bucket, f"{self.step_key(step)}/{name}", str(target))
+        return names
+
+    # --- retention ----------------------------------------------------------
+
+    def delete_step(self, step: int) -> None:
+        """Delete a step directory, its COMMITTED marker first (so it never looks complete)."""
+        names = sorted(self.step_objects(step), key=lambda n: n != COMMITTED)
+        keys = [f"{self.step_key(step)}/{name}" for name in names]
+        for start in range(0, len(keys), 1000):
+            chunk: list[ObjectIdentifierTypeDef] = [{"Key": k} for k in keys[start : start + 1000]]
+            self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": chunk, "Quiet": True})
+
+    def apply_retention(self, keep: int) -> list[int]:
+        """Keep the newest `keep` committed checkpoints; delete older committed ones and
+        uncommitted leftovers older than the newest commit. Newer uncommitted directories
+        may be uploads in flight and stay. Returns the deleted steps, ascending."""
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        committed = {c.step for c in self.list_committed()}
+        if not committed:
+            return []
+        kept = set(sorted(committed)[-keep:])
+        newest = max(committed)
+        doomed = [s for s in self.step_dirs() if s not in kept and s < newest]
+        for step in doomed:
+            self.delete_step(step)
+        return doomed
+
+
+def make_client(
+    endpoint: str | None = None, access_key: str | None = None, secret_key: str | None = None
+) -> S3Client:
+    """A boto3 S3 client; unset arguments fall back to the AWS_* environment."""
+    import boto3
+    from botocore.config import Config
+
+    client: S3Client = boto3.client(
+        "s3",
+        endpoint_url=endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or None,
+        aws_access_key_id=access_key or None,
+        aws_secret_access_key=secret_key or None,
+        region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+        config=Config(
+            s3={"addressing_style": "path"},
+            retries={"max_attempts": 3, "mode": "standard"},
+            connect_timeout=5,
+            read_timeout=30,
+        ),
+    )
+    return client
