@@ -1,0 +1,80 @@
+"""Elastic sizing: when the data-parallel degree should shrink or grow.
+
+The planner picks the largest feasible data degree in a range; this module
+decides which range to ask for and whether the answer is worth a restart.
+
+- Failure with no spare capacity: re-plan in [minData, data] and take what
+  fits (shrink), instead of waiting for capacity that may never come.
+- Running below `spec.parallelism.data`: ask for (current, data]; a larger
+  feasible degree restarts the gang from the latest checkpoint (grow).
+- `kubectl scale` lowering `spec.parallelism.data` below the running degree:
+  restart at the new degree (shrink).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from topotrain.api import Parallelism
+from topotrain.status import Reason
+
+
+def degree_fits_pods(par: Parallelism, data: int, gpus_per_pod: int) -> bool:
+    """A data degree is usable only if its ranks fill whole pods."""
+    return data >= 1 and (par.tensor * par.pipeline * data) % gpus_per_pod == 0
+
+
+def valid_degrees(par: Parallelism, gpus_per_pod: int, low: int, high: int) -> list[int]:
+    """Usable data degrees in [low, high], largest first."""
+    return [d for d in range(high, max(low, 1) - 1, -1) if degree_fits_pods(par, d, gpus_per_pod)]
+
+
+def pods_for(par: Parallelism, data: int, gpus_per_pod: int) -> int:
+    return par.tensor * par.pipeline * data // gpus_per_pod
+
+
+def bounds(par: Parallelism) -> tuple[int, int]:
+    """The data degrees a (re)start may use: [minData, data]."""
+    return min(par.effective_min_data, par.data), par.data
+
+
+@dataclass(frozen=True)
+class ResizeRequest:
+    """Ask the planner for a degree in [low, high]; restart if it differs from `current`."""
+
+    low: int
+    high: int
+    current: int
+    reason: str
+    message: str
+
+    def worth_it(self, feasible_data: int) -> bool:
+        """Restart only when the planner's degree moves in the requested direction."""
+        if self.reason == Reason.GREW:
+            return feasible_data > self.current
+        return feasible_data != self.current and self.low <= feasible_data <= self.high
+
+
+def resize_request(par: Parallelism, current: int) -> ResizeRequest | None:
+    """What to ask the planner while Running at data degree `current`, or None."""
+    low, high = bounds(par)
+    if current > high:
+        return ResizeRequest(
+            low, high, current, Reason.SHRUNK,
+            f"spec.parallelism.data is {high}, running at {current}: shrinking",
+        )
+    if current < high:
+        return ResizeRequest(
+            current + 1, high, current, Reason.GREW,
+            f"running at data={current} below spec.parallelism.data={high}: growing",
+        )
+    return None
+
+
+def resize_kind(previous: int, new: int) -> str:
+    """How a restart changed the degree: shrink, grow, or '' (same degree)."""
+    if new < previous:
+        return "shrink"
+    if new > previous:
+        return "grow"
+    return ""

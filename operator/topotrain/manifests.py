@@ -1,0 +1,245 @@
+"""Pure builders of a TrainingJob's children: headless Service, rank-table ConfigMap, Pods.
+
+Naming (documented in docs/operator.md):
+
+- Service `<job>` (headless, publishes not-ready addresses so rendezvous
+  starts before readiness), selecting every pod of the job.
+- Pod `<job>-<attempt>-<index>`, hostname the same, subdomain `<job>`, so
+  `MASTER_ADDR=<job>-<attempt>-0.<job>.<namespace>.svc` names pod 0 of the
+  current attempt and never an older pod that is still terminating.
+- ConfigMap `<job>-ranks`: the rank table of the current attempt.
+
+Every child carries `topotrain.io/job`, `app.kubernetes.io/managed-by` and a
+controller owner reference, so deleting the job garbage-collects them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from topotrain import GROUP, KIND, VERSION
+from topotrain.api import TrainingJobSpec
+from topotrain.checkpoints import job_prefix
+from topotrain.contract import (
+    ACCESS_KEY_ID,
+    S3_ENDPOINT,
+    SECRET_ACCESS_KEY,
+    TrainerEnv,
+    rank_coords,
+)
+
+JOB_LABEL = "topotrain.io/job"
+ATTEMPT_LABEL = "topotrain.io/attempt"
+INDEX_LABEL = "topotrain.io/index"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+NODE_ANNOTATION = "topotrain.io/node"
+RESUME_ANNOTATION = "topotrain.io/resume-step"
+GANG_GATE = "topotrain.io/gang"
+FIELD_OWNER = "topotrain"
+GPU_RESOURCE = "nvidia.com/gpu"
+CONTAINER = "trainer"
+
+
+@dataclass(frozen=True)
+class JobMeta:
+    """The parts of the TrainingJob's metadata its children refer to."""
+
+    name: str
+    namespace: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    """One pod of one attempt."""
+
+    attempt: int
+    index: int
+    node: str
+    data: int
+    resume_step: int | None
+    master_port: int = 29500
+    s3_endpoint: str | None = None  # used when the spec names none
+
+
+def labels(job: str, attempt: int | None = None, index: int | None = None) -> dict[str, str]:
+    out = {JOB_LABEL: job, MANAGED_BY: FIELD_OWNER}
+    if attempt is not None:
+        out[ATTEMPT_LABEL] = str(attempt)
+    if index is not None:
+        out[INDEX_LABEL] = str(index)
+    return out
+
+
+def owner_reference(job: JobMeta) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": job.name, "uid": job.uid,
+        "controller": True, "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(job: JobMeta, name: str, extra_labels: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        "name": name, "namespace": job.namespace, "labels": dict(extra_labels),
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
+def pod_name(job: str, attempt: int, index: int) -> str:
+    return f"{job}-{attempt}-{index}"
+
+
+def master_addr(job: str, namespace: str, attempt: int) -> str:
+    return f"{pod_name(job, attempt, 0)}.{job}.{namespace}.svc"
+
+
+def rank_table_name(job: str) -> str:
+    return f"{job}-ranks"
+
+
+def service(job: JobMeta, master_port: int) -> dict[str, Any]:
+    """Headless Service giving every pod `<pod>.<job>.<ns>.svc`."""
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _metadata(job, job.name, labels(job.name)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {JOB_LABEL: job.name},
+            "ports": [{"name": "rendezvous", "port": master_port, "targetPort": master_port}],
+        },
+    }
+
+
+def rank_rows(spec: TrainingJobSpec, data: int, assignments: Mapping[int, str]) -> list[dict[str, Any]]:
+    """One row per global rank: pod, local rank, mesh coordinates, node."""
+    par, gpp = spec.parallelism, spec.worker.gpus_per_pod
+    rows = []
+    for rank in range(par.tensor * par.pipeline * data):
+        tp, pp, dp = rank_coords(rank, par.tensor, par.pipeline, data, spec.rank_order)
+        pod = rank // gpp
+        rows.append({
+            "rank": rank, "pod": pod, "localRank": rank % gpp, "tp": tp, "pp": pp, "dp": dp,
+            "node": assignments.get(pod, ""),
+        })
+    return rows
+
+
+def rank_table(
+    job: JobMeta, spec: TrainingJobSpec, attempt: int, data: int, pool: str | None,
+    assignments: Mapping[int, str],
+) -> dict[str, Any]:
+    """ConfigMap `<job>-ranks`: which node holds which ranks in the current attempt."""
+    rows = rank_rows(spec, data, assignments)
+    table = "\n".join(
+        ["rank\tpod\tlocal\ttp\tpp\tdp\tnode"]
+        + [f"{r['rank']}\t{r['pod']}\t{r['localRank']}\t{r['tp']}\t{r['pp']}\t{r['dp']}\t{r['node']}"
+           for r in rows]
+    )
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": _metadata(job, rank_table_name(job.name), labels(job.name, attempt)),
+        "data": {
+            "attempt": str(attempt),
+            "data": str(data),
+            "pool": pool or "",
+            "placement.json": json.dumps({str(i): n for i, n in sorted(assignments.items())}),
+            "ranks.tsv": table + "\n",
+        },
+    }
+
+
+def parse_rank_table(data: Mapping[str, str]) -> tuple[int, int, dict[int, str]] | None:
+    """(attempt, data degree, pod index -> node) from a rank-table ConfigMap's data."""
+    try:
+        placement = json.loads(data.get("placement.json", "{}"))
+        return int(data["attempt"]), int(data["data"]), {int(k): str(v) for k, v in placement.items()}
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def _env(spec: TrainingJobSpec, job: JobMeta, plan: PodPlan) -> list[dict[str, Any]]:
+    par = spec.parallelism
+    nnodes = par.tensor * par.pipeline * plan.data // spec.worker.gpus_per_pod
+    ckpt = spec.checkpoint
+    contract = TrainerEnv(
+        master_addr=master_addr(job.name, job.namespace, plan.attempt),
+        master_port=plan.master_port, nnodes=nnodes, node_rank=plan.index,
+        nproc_per_node=spec.worker.gpus_per_pod, tensor=par.tensor, pipeline=par.pipeline,
+        data=plan.data, rank_order=spec.rank_order, attempt=plan.attempt,
+        checkpoint_uri=job_prefix(ckpt.uri, job.namespace, job.name) if ckpt else "",
+        resume_step=plan.resume_step, job_name=job.name, job_namespace=job.namespace,
+        checkpoint_interval=ckpt.interval_steps if ckpt else 0,
+        checkpoint_keep=ckpt.keep if ckpt else 3,
+        training_config=json.dumps(spec.training, sort_keys=True),
+    )
+    user = [e.to_wire() for e in (*spec.env, *spec.worker.env)]
+    env = user + [{"name": k, "value": v} for k, v in contract.to_env().items()]
+    endpoint = (ckpt.endpoint if ckpt else None) or plan.s3_endpoint
+    if endpoint:
+        env.append({"name": S3_ENDPOINT, "value": endpoint})
+    if ckpt and ckpt.credentials_secret:
+        for key in (ACCESS_KEY_ID, SECRET_ACCESS_KEY):
+            env.append({
+                "name": key,
+                "valueFrom": {"secretKeyRef": {"name": ckpt.credentials_secret, "key": key}},
+            })
+    return env
+
+
+def _resources(spec: TrainingJobSpec) -> dict[str, Any]:
+    extra = spec.worker.resources
+    gpus = str(spec.worker.gpus_per_pod)
+    requests = {**(extra.requests or {} if extra else {}), GPU_RESOURCE: gpus}
+    limits = {**(extra.limits or {} if extra else {}), GPU_RESOURCE: gpus}
+    return {"requests": requests, "limits": limits}
+
+
+def pod(job: JobMeta, spec: TrainingJobSpec, plan: PodPlan) -> dict[str, Any]:
+    """One training pod, gated, pinned to its planned node; the scheduler still binds it."""
+    name = pod_name(job.name, plan.attempt, plan.index)
+    meta = _metadata(job, name, labels(job.name, plan.attempt, plan.index))
+    meta["annotations"] = {
+        NODE_ANNOTATION: plan.node,
+        RESUME_ANNOTATION: "" if plan.resume_step is None else str(plan.resume_step),
+    }
+    container: dict[str, Any] = {
+        "name": CONTAINER, "image": spec.image, "env": _env(spec, job, plan),
+        "resources": _resources(spec),
+        "ports": [{"name": "rendezvous", "containerPort": plan.master_port}],
+    }
+    if spec.image_pull_policy:
+        container["imagePullPolicy"] = spec.image_pull_policy
+    if spec.command:
+        container["command"] = list(spec.command)
+    if spec.args:
+        container["args"] = list(spec.args)
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "hostname": name,
+        "subdomain": job.name,
+        "enableServiceLinks": False,
+        "schedulingGates": [{"name": GANG_GATE}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [plan.node]},
+            ]}],
+        }}},
+        "tolerations": [t.to_wire() for t in spec.worker.tolerations],
+        "containers": [container],
+    }
+    if spec.worker.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.worker.node_selector)
+    if spec.worker.service_account_name:
+        pod_spec["serviceAccountName"] = spec.worker.service_account_name
+    if spec.worker.priority_class_name:
+        pod_spec["priorityClassName"] = spec.worker.priority_class_name
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def release_patch() -> dict[str, Any]:
+    """Strategic-merge-free patch removing every scheduling gate (JSON merge patch)."""
+    return {"spec": {"schedulingGates": None}}

@@ -1,0 +1,227 @@
+"""How one reconcile pass edits the job's status: phases, conditions, Events.
+
+`StatusBuilder` works on a copy of the status read at the start of the pass;
+the edge writes the result once, and only if it differs. Conditions move
+`lastTransitionTime` only on a flip, and an Event is emitted for a flip, never
+for a repeat, so Events mark transitions while status holds the truth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from topotrain import elastic
+from topotrain.api import Parallelism
+from topotrain.planning import PlanOutcome
+from topotrain.policy import Failure, RestartDecision
+from topotrain.status import (
+    CheckpointStatus,
+    CurrentParallelism,
+    FailureRecord,
+    PlacementSummary,
+    ProgressStatus,
+    Reason,
+    RecoveryStatus,
+    TrainingJobStatus,
+    set_condition,
+)
+from topotrain.status import ConditionType as C
+
+NORMAL, WARNING = "Normal", "Warning"
+
+
+@dataclass(frozen=True)
+class CheckpointView:
+    """What the checkpoint store said this pass (None fields: nothing there)."""
+
+    reachable: bool = True
+    error: str = ""
+    step: int | None = None
+    uri: str | None = None
+    time: datetime | None = None
+    progress_step: int | None = None
+    progress_time: datetime | None = None
+
+
+def iso(moment: datetime) -> str:
+    """RFC 3339 in UTC with milliseconds (recovery times are sub-second)."""
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+
+
+class StatusBuilder:
+    """A mutable copy of the status plus the Events its transitions call for."""
+
+    def __init__(self, status: TrainingJobStatus, generation: int, now: datetime) -> None:
+        self.status = status.model_copy(deep=True)
+        self.status.observed_generation = generation
+        self.generation = generation
+        self.now = now
+        self.events: list[tuple[str, str, str]] = []
+
+    parse = staticmethod(parse)
+
+    def set(self, type_: str, value: bool, reason: str, message: str = "") -> bool:
+        """Set a condition; True when its status flipped (or it is new)."""
+        before = self.status.condition(type_)
+        self.status.conditions = set_condition(
+            self.status.conditions, type_, value, reason, message,
+            generation=self.generation, now=iso(self.now),
+        )
+        after = self.status.condition(type_)
+        return before is None or (after is not None and before.status != after.status)
+
+    def _event(self, kind: str, reason: str, message: str) -> None:
+        self.events.append((kind, reason, message))
+
+    # --- observations --------------------------------------------------------
+
+    def observe_checkpoint(self, view: CheckpointView | None) -> None:
+        if view is None or not view.reachable:
+            return
+        if view.step is not None and view.uri is not None:
+            when = iso(view.time) if view.time else None
+            self.status.checkpoint = CheckpointStatus(step=view.step, uri=view.uri, time=when)
+        if view.progress_step is not None:
+            when = iso(view.progress_time) if view.progress_time else None
+            self.status.progress = ProgressStatus(step=view.progress_step, time=when)
+
+    def running_since(self) -> datetime | None:
+        ready = self.status.condition(C.READY)
+        if ready is None or ready.status != "True" or not ready.last_transition_time:
+            return None
+        return parse(ready.last_transition_time)
+
+    # --- configuration and placement ----------------------------------------
+
+    def config_invalid(self, reason: str, message: str) -> None:
+        if self.set(C.CONFIG_VALID, False, reason, message):
+            self._event(WARNING, reason, message)
+
+    def config_ok(self) -> None:
+        self.set(C.CONFIG_VALID, True, Reason.CONFIG_OK, "references resolve")
+
+    def _waiting_phase(self) -> None:
+        if self.status.phase not in ("Recovering",):
+            self.status.phase = "Recovering" if self.status.start_time else "Pending"
+
+    def unschedulable(self, reason: str, message: str) -> None:
+        self._waiting_phase()
+        if self.set(C.SCHEDULABLE, False, reason or Reason.INSUFFICIENT_CAPACITY, message):
+            self._event(WARNING, reason or Reason.INSUFFICIENT_CAPACITY, message)
+        if reason == Reason.UNKNOWN_GPU_TYPE:
+            self.config_invalid(reason, message)
+
+    def placed(
+        self, outcome: PlanOutcome, par: Parallelism, previous_data: int, resume: int | None
+    ) -> None:
+        st = self.status
+        first = st.start_time is None
+        st.parallelism = CurrentParallelism(tensor=par.tensor, pipeline=par.pipeline, data=outcome.data)
+        st.pool = outcome.pool
+        summary = (
+            f"{len(outcome.assignments)} pods on {outcome.nodes} nodes, {outcome.racks} racks, "
+            f"{outcome.blocks} blocks; pool {outcome.pool}; data={outcome.data}"
+        )
+        st.placement = PlacementSummary(
+            nodes=outcome.nodes, racks=outcome.racks, blocks=outcome.blocks, cost=outcome.cost,
+            mode=outcome.mode, message=summary,
+        )
+        self.set(C.SCHEDULABLE, True, Reason.PLACED, summary)
+        if first:
+            st.start_time = iso(self.now)
+            st.phase = "Starting"
+            self._event(NORMAL, Reason.PLACED, summary)
+            return
+        st.phase = "Recovering"
+        rec = st.recovery or RecoveryStatus()
+        kind = elastic.resize_kind(previous_data, outcome.data)
+        rec.mode = kind or outcome.mode
+        rec.resume_step = resume
+        st.recovery = rec
+        step = "from scratch (no committed checkpoint)" if resume is None else f"from step {resume}"
+        self._event(NORMAL, Reason.RESTARTED, f"attempt {st.attempt} {step}; {rec.mode}: {summary}")
+        if kind == "shrink":
+            self._event(WARNING, Reason.SHRUNK, f"data degree {previous_data} -> {outcome.data}")
+        elif kind == "grow":
+            self._event(NORMAL, Reason.GREW, f"data degree {previous_data} -> {outcome.data}")
+
+    # --- the gang's life -----------------------------------------------------
+
+    def pods_pending(self, running: int, expected: int) -> None:
+        self.set(C.READY, False, Reason.PODS_PENDING, f"{running}/{expected} pods Running")
+
+    def running(self) -> float | None:
+        """Every pod Running; returns the recovery time when a recovery just finished."""
+        st = self.status
+        st.phase = "Running"
+        n = st.placement.nodes if st.placement else 0
+        if self.set(C.READY, True, Reason.PODS_RUNNING, f"all pods Running on {n} nodes"):
+            self._event(NORMAL, Reason.PODS_RUNNING, f"attempt {st.attempt}: all pods Running")
+        if st.progress is not None:
+            self.set(C.PROGRESSING, True, Reason.PROGRESS_OK, f"step {st.progress.step}")
+        rec = st.recovery
+        if rec is None or rec.started is None:
+            return None
+        seconds = max(0.0, (self.now - parse(rec.started)).total_seconds())
+        rec.last_seconds = round(seconds, 3)
+        rec.started = None
+        self.set(C.RECOVERING, False, Reason.PODS_RUNNING, f"recovered in {seconds:.2f}s")
+        self._event(NORMAL, "Recovered", f"attempt {st.attempt} Running {seconds:.2f}s after the failure")
+        return seconds
+
+    def record_failure(self, failure: Failure) -> None:
+        self.status.last_failure = FailureRecord(
+            reason=failure.reason, message=failure.message, time=iso(self.now),
+            pod=failure.pod, node=failure.node, exitCode=failure.exit_code,
+        )
+        self.set(C.READY, False, failure.reason, failure.message)
+        if failure.reason == Reason.PROGRESS_STALLED:
+            self.set(C.PROGRESSING, False, failure.reason, failure.message)
+        self._event(WARNING, failure.reason, failure.message)
+
+    def restarting(self, verdict: RestartDecision, next_attempt: int) -> None:
+        st = self.status
+        st.restarts = verdict.restarts
+        st.attempt = next_attempt
+        st.phase = "Recovering"
+        started = st.last_failure.time if st.last_failure else iso(self.now)
+        st.recovery = RecoveryStatus(
+            lastSeconds=st.recovery.last_seconds if st.recovery else None, started=started,
+        )
+        self.set(C.RECOVERING, True, Reason.BACKOFF if verdict.delay_seconds else Reason.RESTARTED,
+                 verdict.message)
+
+    def resizing(self, request: elastic.ResizeRequest, new_data: int, next_attempt: int) -> None:
+        st = self.status
+        st.attempt = next_attempt
+        st.phase = "Recovering"
+        st.recovery = RecoveryStatus(
+            lastSeconds=st.recovery.last_seconds if st.recovery else None,
+            started=iso(self.now), mode=elastic.resize_kind(request.current, new_data) or "resize",
+        )
+        message = f"{request.message}: data {request.current} -> {new_data}"
+        self.set(C.RECOVERING, True, Reason.RESIZED, message)
+        self._event(NORMAL, Reason.RESIZED, message)
+
+    def failed(self, reason: str, message: str) -> None:
+        st = self.status
+        st.phase = "Failed"
+        st.completion_time = iso(self.now)
+        if st.recovery is not None:
+            st.recovery.started = None
+        self.set(C.RECOVERING, False, reason, message)
+        self.set(C.FAILED, True, reason, message)
+        self._event(WARNING, reason, f"job Failed: {message}")
+
+    def succeeded(self) -> None:
+        st = self.status
+        st.phase = "Succeeded"
+        st.completion_time = iso(self.now)
+        self.set(C.READY, False, Reason.COMPLETED, "all pods Succeeded")
+        self.set(C.SUCCEEDED, True, Reason.COMPLETED, "all pods Succeeded")
+        self._event(NORMAL, Reason.COMPLETED, "job Succeeded; checkpoints are kept")

@@ -1,0 +1,100 @@
+"""The children a TrainingJob gets: names, labels, owner refs, pod env, gates, pinning."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from topotrain.api import TrainingJobSpec
+from topotrain.contract import TrainerEnv
+from topotrain.manifests import (
+    GANG_GATE,
+    JobMeta,
+    PodPlan,
+    parse_rank_table,
+    pod,
+    rank_rows,
+    rank_table,
+    service,
+)
+
+JOB = JobMeta("llm", "team", "uid-1")
+
+
+def spec(**kw: Any) -> TrainingJobSpec:
+    base: dict[str, Any] = {
+        "image": "trainer:1", "command": ["python", "-m", "topotrain_trainer"],
+        "parallelism": {"tensor": 2, "pipeline": 2, "data": 2}, "worker": {"gpusPerPod": 2},
+        "checkpoint": {"uri": "s3://ckpt/runs", "credentialsSecret": "creds",
+                       "endpoint": "http://s3:9000", "intervalSteps": 50},
+        "env": [{"name": "LOG", "value": "1"}],
+    }
+    base.update(kw)
+    return TrainingJobSpec.model_validate(base)
+
+
+def env_of(manifest: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in manifest["spec"]["containers"][0]["env"]}
+
+
+def test_pod_is_gated_pinned_and_owned() -> None:
+    p = pod(JOB, spec(), PodPlan(attempt=3, index=1, node="gpu-7", data=2, resume_step=400))
+    assert p["metadata"]["name"] == "llm-3-1"
+    assert p["metadata"]["labels"] == {
+        "topotrain.io/job": "llm", "topotrain.io/attempt": "3", "topotrain.io/index": "1",
+        "app.kubernetes.io/managed-by": "topotrain",
+    }
+    owner = p["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["uid"], owner["controller"], owner["blockOwnerDeletion"]) == (
+        "TrainingJob", "uid-1", True, True)
+    assert p["spec"]["schedulingGates"] == [{"name": GANG_GATE}]
+    term = p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["gpu-7"]
+    assert p["spec"]["restartPolicy"] == "Never"
+    assert (p["spec"]["hostname"], p["spec"]["subdomain"]) == ("llm-3-1", "llm")
+    res = p["spec"]["containers"][0]["resources"]
+    assert res["requests"]["nvidia.com/gpu"] == "2" and res["limits"]["nvidia.com/gpu"] == "2"
+
+
+def test_pod_env_follows_the_contract() -> None:
+    p = pod(JOB, spec(), PodPlan(attempt=3, index=1, node="gpu-7", data=2, resume_step=400))
+    env = env_of(p)
+    contract = TrainerEnv.from_env({k: v for k, v in env.items() if isinstance(v, str)})
+    assert contract.master_addr == "llm-3-0.llm.team.svc"
+    assert (contract.nnodes, contract.node_rank, contract.world_size) == (4, 1, 8)
+    assert (contract.attempt, contract.resume_step) == (3, 400)
+    assert contract.checkpoint_uri == "s3://ckpt/runs/team/llm"
+    assert env["AWS_ENDPOINT_URL_S3"] == "http://s3:9000" and env["LOG"] == "1"
+    assert env["AWS_ACCESS_KEY_ID"] == {"secretKeyRef": {"name": "creds", "key": "AWS_ACCESS_KEY_ID"}}
+    assert p["spec"]["containers"][0]["command"] == ["python", "-m", "topotrain_trainer"]
+
+
+@pytest.mark.parametrize(("resume", "value"), [(None, ""), (0, "0"), (1200, "1200")])
+def test_resume_step(resume: int | None, value: str) -> None:
+    env = env_of(pod(JOB, spec(), PodPlan(attempt=0, index=0, node="n", data=2, resume_step=resume)))
+    assert env["TOPOTRAIN_RESUME_STEP"] == value
+
+
+def test_operator_endpoint_is_the_fallback() -> None:
+    s = spec(checkpoint={"uri": "s3://ckpt/runs"})
+    env = env_of(pod(JOB, s, PodPlan(0, 0, "n", 2, None, s3_endpoint="http://default:9000")))
+    assert env["AWS_ENDPOINT_URL_S3"] == "http://default:9000" and "AWS_ACCESS_KEY_ID" not in env
+
+
+def test_headless_service() -> None:
+    svc = service(JOB, 29500)
+    assert svc["metadata"]["name"] == "llm" and svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["selector"] == {"topotrain.io/job": "llm"}
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+
+
+def test_rank_table_round_trip_and_order() -> None:
+    nodes = {0: "a", 1: "a2", 2: "b", 3: "b2"}
+    cm = rank_table(JOB, spec(), 2, 2, "H100", nodes)
+    assert parse_rank_table(cm["data"]) == (2, 2, nodes)
+    rows = rank_rows(spec(), 2, nodes)
+    # tp-pp-dp: r = (dp*PP + pp)*TP + tp; pod = r // gpusPerPod
+    assert [(r["tp"], r["pp"], r["dp"], r["pod"]) for r in rows[:4]] == [
+        (0, 0, 0, 0), (1, 0, 0, 0), (0, 1, 0, 1), (1, 1, 0, 1)]
+    assert rows[7]["node"] == "b2"
+    assert parse_rank_table({"attempt": "x"}) is None
