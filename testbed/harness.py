@@ -31,17 +31,12 @@ Logs go to `<workdir>/logs/<namespace>/<job>/`, one file per pod run.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import signal
-import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +48,20 @@ from testbed.harness_env import (
     container_argv,
     container_env,
     decode_secret,
-    describe,
     process_env,
+)
+from testbed.harness_proc import (
+    PodExit,
+    PodRun,
+    group_alive,
+    json_lines,
+    kill_recorded,
+    now,
+    record_pid,
+    signal_group,
+    spawn,
+    tail,
+    terminated_status,
 )
 from testbed.kube import api_client, core_v1
 from testbed.procs import free_port
@@ -63,65 +70,11 @@ JOB_LABEL = "topotrain.io/job"
 ATTEMPT_LABEL = "topotrain.io/attempt"
 INDEX_LABEL = "topotrain.io/index"
 LOST_EXIT_CODE = 137
+__all__ = ["PodExit", "PodProcessHarness", "PodRun", "json_lines"]
 MAX_GRACE_SECONDS = 10.0
 STRATEGIC = "application/strategic-merge-patch+json"
 
 log = logging.getLogger("topotrain.testbed.harness")
-
-
-def _now() -> str:
-    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
-def _start_ticks(pid: int) -> str | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] in ("Z", "X") else fields[19]
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-@dataclass
-class PodRun:
-    """One pod's container, run as a local process group."""
-
-    uid: str
-    namespace: str
-    name: str
-    node: str
-    job: str
-    attempt: str
-    container: str
-    image: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-    pid_file: Path
-    started_at: str
-    frozen: bool = False
-    kill_deadline: float | None = None  # set once termination began
-    lost: bool = False  # killed with its node
-
-    @property
-    def pgid(self) -> int:
-        return self.process.pid
-
-
-@dataclass(frozen=True)
-class PodExit:
-    """What the harness reported (or would have) for a finished pod."""
-
-    namespace: str
-    name: str
-    job: str
-    attempt: str
-    exit_code: int
-    reason: str
-    log_path: Path
 
 
 @dataclass
@@ -233,7 +186,7 @@ class PodProcessHarness:
                 run.name,
                 run.pgid,
             )
-            _signal_group(run.pgid, sig)
+            signal_group(run.pgid, sig)
             run.frozen = frozen
         return len(runs)
 
@@ -280,7 +233,7 @@ class PodProcessHarness:
     def _check_run(self, run: PodRun, pod: dict[str, Any] | None, live_nodes: set[str]) -> None:
         code = run.process.poll()
         if run.kill_deadline is not None:
-            if code is not None and not _group_alive(run):
+            if code is not None and not group_alive(run.pgid):
                 self._forget(run)
             elif time.monotonic() > run.kill_deadline:
                 self._kill(run, signal.SIGKILL)
@@ -336,28 +289,14 @@ class PodProcessHarness:
             log.error("harness: pod %s/%s cannot start: %s", namespace, name, err)
             log_path.write_text(f"harness: cannot start: {err}\n")
             self._patch_terminated(
-                namespace, name, container, 128, "CreateContainerConfigError", str(err), _now()
+                namespace, name, container, 128, "CreateContainerConfigError", str(err), now()
             )
             return
         workdir = self.workdir / "pods" / uid
         workdir.mkdir(parents=True, exist_ok=True)
-        with log_path.open("ab") as out:
-            out.write(
-                f"# harness (not a kubelet): node {spec['nodeName']}: {describe(argv)}\n".encode()
-            )
-            out.flush()
-            process = subprocess.Popen(
-                argv,
-                env=env,
-                cwd=workdir,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        process = spawn(argv, env, workdir, log_path, node=spec["nodeName"])
         pid_file = self.workdir / "pids" / f"{uid}.pid"
-        pid_file.parent.mkdir(parents=True, exist_ok=True)
-        pid_file.write_text(f"{process.pid} {_start_ticks(process.pid)}\n")
+        record_pid(pid_file, process.pid)
         self._runs[uid] = PodRun(
             uid,
             namespace,
@@ -370,7 +309,7 @@ class PodProcessHarness:
             process,
             log_path,
             pid_file,
-            _now(),
+            now(),
         )
         log.info(
             "harness: started pod %s/%s on %s as pid %d",
@@ -406,7 +345,7 @@ class PodProcessHarness:
         run.kill_deadline = time.monotonic() + grace
 
     def _kill(self, run: PodRun, sig: signal.Signals) -> None:
-        _signal_group(run.pgid, sig)
+        signal_group(run.pgid, sig)
 
     def _forget(self, run: PodRun) -> None:
         run.process.poll()
@@ -414,13 +353,8 @@ class PodProcessHarness:
         run.pid_file.unlink(missing_ok=True)
 
     def _kill_leftovers(self) -> None:
-        for pid_file in (self.workdir / "pids").glob("*.pid"):
-            with contextlib.suppress(OSError, ValueError):
-                pid, ticks = pid_file.read_text().split()
-                if _start_ticks(int(pid)) == ticks:
-                    log.warning("harness: killing leftover process group %s", pid)
-                    _signal_group(int(pid), signal.SIGKILL)
-            pid_file.unlink(missing_ok=True)
+        for pgid in kill_recorded(self.workdir / "pids"):
+            log.warning("harness: killed leftover process group %d of an earlier harness", pgid)
 
     # --- status reports ----------------------------------------------------
 
@@ -431,7 +365,7 @@ class PodProcessHarness:
             (c for c in pod["spec"]["containers"] if c["name"] == run.container),
             {"name": run.container},
         )
-        message = _tail(run.log_path) if exit_code else ""
+        message = tail(run.log_path) if exit_code else ""
         self._patch_terminated(
             run.namespace, run.name, container, exit_code, reason, message, run.started_at
         )
@@ -472,40 +406,7 @@ class PodProcessHarness:
         message: str,
         started_at: str,
     ) -> None:
-        now = _now()
-        terminated: dict[str, Any] = {
-            "exitCode": exit_code,
-            "reason": reason,
-            "startedAt": started_at,
-            "finishedAt": now,
-        }
-        if message:
-            terminated["message"] = message
-        not_ready = {
-            "status": "False",
-            "lastTransitionTime": now,
-            "reason": "PodCompleted" if exit_code == 0 else "PodFailed",
-        }
-        body = {
-            "status": {
-                "phase": "Succeeded" if exit_code == 0 else "Failed",
-                "conditions": [
-                    {"type": "Ready", **not_ready},
-                    {"type": "ContainersReady", **not_ready},
-                ],
-                "containerStatuses": [
-                    {
-                        "name": container["name"],
-                        "image": container.get("image", ""),
-                        "imageID": "",
-                        "ready": False,
-                        "restartCount": 0,
-                        "started": False,
-                        "state": {"terminated": terminated},
-                    }
-                ],
-            }
-        }
+        body = terminated_status(container, exit_code, reason, message, started_at)
         try:
             core_v1(self._api).patch_namespaced_pod_status(
                 name, namespace, body, _content_type=STRATEGIC, _preload_content=False
@@ -524,44 +425,3 @@ def _node_alive(node: dict[str, Any]) -> bool:
         return False
     conditions = (node.get("status") or {}).get("conditions") or []
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
-
-def _group_alive(run: PodRun) -> bool:
-    try:
-        os.killpg(run.pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return _has_live_member(run.pgid)
-
-
-def _has_live_member(pgid: int) -> bool:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError):
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-                    return True
-    return False
-
-
-def _tail(path: Path, limit: int = 2048) -> str:
-    """The end of a log, as a kubelet's FallbackToLogsOnError termination message."""
-    try:
-        with path.open("rb") as fh:
-            fh.seek(max(0, path.stat().st_size - limit))
-            return fh.read().decode(errors="replace").strip()
-    except OSError:
-        return ""
-
-
-def json_lines(paths: list[Path]) -> Iterator[dict[str, Any]]:
-    """The JSON objects among the lines of the given logs (the trainer logs metrics as JSON lines)."""
-    for path in paths:
-        for line in path.read_text(errors="replace").splitlines():
-            if line.startswith("{"):
-                with contextlib.suppress(ValueError):
-                    record = json.loads(line)
-                    if isinstance(record, dict):
-                        yield record

@@ -42,16 +42,26 @@ def node(kube: Kube) -> Iterator[str]:
     delete_node(kube.kubeconfig, name)
 
 
-def _pod(name: str, node: str, code: str, env: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def _pod(
+    name: str, node: str, code: str, env: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     return {
-        "metadata": {"name": name, "labels": {JOB_LABEL: "harness-test", "topotrain.io/attempt": "0"}},
+        "metadata": {
+            "name": name,
+            "labels": {JOB_LABEL: "harness-test", "topotrain.io/attempt": "0"},
+        },
         "spec": {
             "nodeName": node,
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 2,
             "tolerations": [{"operator": "Exists"}],
             "containers": [
-                {"name": "trainer", "image": "example.invalid/trainer:0", "command": ["python", "-c", code], "env": env or []}
+                {
+                    "name": "trainer",
+                    "image": "example.invalid/trainer:0",
+                    "command": ["python", "-c", code],
+                    "env": env or [],
+                }
             ],
         },
     }
@@ -72,7 +82,11 @@ def _terminated(status: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _wait_phase(kube: Kube, namespace: str, name: str, phase: str) -> dict[str, Any]:
-    wait_until(lambda: _status(kube, namespace, name).get("phase") == phase, timeout=60, what=f"pod {name} {phase}")
+    wait_until(
+        lambda: _status(kube, namespace, name).get("phase") == phase,
+        timeout=60,
+        what=f"pod {name} {phase}",
+    )
     return _status(kube, namespace, name)
 
 
@@ -85,8 +99,12 @@ def _passes(harness: PodProcessHarness, count: int) -> None:
 def test_pod_command_runs_with_resolved_env_and_exit_code_becomes_status(
     kube: Kube, namespace: str, node: str, harness: PodProcessHarness
 ) -> None:
-    kube.core.create_namespaced_secret(namespace, {"metadata": {"name": "creds"}, "stringData": {"key": "s3cr3t"}})
-    kube.core.create_namespaced_config_map(namespace, {"metadata": {"name": "cfg"}, "data": {"v": "from-configmap"}})
+    kube.core.create_namespaced_secret(
+        namespace, {"metadata": {"name": "creds"}, "stringData": {"key": "s3cr3t"}}
+    )
+    kube.core.create_namespaced_config_map(
+        namespace, {"metadata": {"name": "cfg"}, "data": {"v": "from-configmap"}}
+    )
     env = [
         {"name": "SECRET", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "key"}}},
         {"name": "CONFIG", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "v"}}},
@@ -101,9 +119,13 @@ def test_pod_command_runs_with_resolved_env_and_exit_code_becomes_status(
 
     status = _wait_phase(kube, namespace, "fails", "Failed")
     terminated = _terminated(status)
-    assert terminated is not None and terminated["exitCode"] == 3 and terminated["reason"] == "Error"
+    assert (
+        terminated is not None and terminated["exitCode"] == 3 and terminated["reason"] == "Error"
+    )
     _passes(harness, 3)
-    assert _status(kube, namespace, "fails")["phase"] == "Failed", "KWOK must not overwrite the reported exit"
+    assert _status(kube, namespace, "fails")["phase"] == "Failed", (
+        "KWOK must not overwrite the reported exit"
+    )
 
     printed = _env_line(harness.job_logs(namespace, "harness-test"))
     assert printed["SECRET"] == "s3cr3t" and printed["CONFIG"] == "from-configmap"
@@ -123,19 +145,33 @@ def _env_line(logs: list[Path]) -> dict[str, Any]:
     raise AssertionError(f"no JSON line in {logs}")
 
 
-def test_exit_zero_reports_succeeded(kube: Kube, namespace: str, node: str, harness: PodProcessHarness) -> None:
+def test_exit_zero_reports_succeeded(
+    kube: Kube, namespace: str, node: str, harness: PodProcessHarness
+) -> None:
     kube.core.create_namespaced_pod(namespace, _pod("ok", node, "print('done')"))
     terminated = _terminated(_wait_phase(kube, namespace, "ok", "Succeeded"))
-    assert terminated is not None and terminated["exitCode"] == 0 and terminated["reason"] == "Completed"
+    assert (
+        terminated is not None
+        and terminated["exitCode"] == 0
+        and terminated["reason"] == "Completed"
+    )
 
 
-def test_deleting_the_pod_stops_its_processes(kube: Kube, namespace: str, node: str, harness: PodProcessHarness) -> None:
+def test_deleting_the_pod_stops_its_processes(
+    kube: Kube, namespace: str, node: str, harness: PodProcessHarness
+) -> None:
     kube.core.create_namespaced_pod(namespace, _pod("sleeper", node, SLEEP))
-    wait_until(lambda: len(harness.running(namespace)) == 1, timeout=60, what="the process to start")
+    wait_until(
+        lambda: len(harness.running(namespace)) == 1, timeout=60, what="the process to start"
+    )
     pid = harness.running(namespace)[0].pgid
 
     kube.core.delete_namespaced_pod("sleeper", namespace)
-    wait_until(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), timeout=30, what="the process to stop")
+    wait_until(
+        lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid),
+        timeout=30,
+        what="the process to stop",
+    )
     assert harness.running(namespace) == []
 
 
@@ -143,7 +179,9 @@ def test_hang_freezes_processes_with_the_pod_still_running(
     kube: Kube, namespace: str, node: str, harness: PodProcessHarness
 ) -> None:
     kube.core.create_namespaced_pod(namespace, _pod("hangs", node, SLEEP))
-    wait_until(lambda: len(harness.running(namespace)) == 1, timeout=60, what="the process to start")
+    wait_until(
+        lambda: len(harness.running(namespace)) == 1, timeout=60, what="the process to start"
+    )
     pid = harness.running(namespace)[0].pgid
 
     assert harness.freeze(namespace, "harness-test") == 1
@@ -157,11 +195,17 @@ def test_node_failure_kills_processes_and_recovery_reports_them_lost(
     kube: Kube, namespace: str, node: str, harness: PodProcessHarness
 ) -> None:
     kube.core.create_namespaced_pod(namespace, _pod("victim", node, SLEEP))
-    wait_until(lambda: len(harness.running(namespace)) == 1, timeout=60, what="the process to start")
+    wait_until(
+        lambda: len(harness.running(namespace)) == 1, timeout=60, what="the process to start"
+    )
     pid = harness.running(namespace)[0].pgid
 
     faults.node_not_ready(kube.kubeconfig, node)
-    wait_until(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), timeout=60, what="the process to die")
+    wait_until(
+        lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid),
+        timeout=60,
+        what="the process to die",
+    )
     assert _status(kube, namespace, "victim")["phase"] == "Running", "a dead node reports nothing"
 
     faults.node_ready(kube.kubeconfig, node)
