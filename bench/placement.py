@@ -1,0 +1,213 @@
+"""Placement benchmark: topotrain's planner against baseline policies on generated clusters.
+
+    python bench/placement.py --quick     # CI: 64 and 256 nodes
+    python bench/placement.py             # full: 64 to 2,048 nodes
+
+Clusters: HGX-style (8-GPU nodes, each its own NVLink domain, 16 nodes a rack)
+and NVL72-style (4-GPU nodes, 18 per rack sharing one NVLink domain), 8 racks a
+block; empty, 50% or 80% of GPUs held by other pods of 1-8 GPUs dropped on
+random nodes (fragmented). Jobs: tensor 8, pipeline 4 or 8, data sized to 30%,
+60% or 95% of the free whole-pod capacity. Every planner is scored with the
+same cost model (docs/placement.md); ratios are baseline cost / topotrain cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from topotrain.placement import GangRequest, Mesh, evaluate, meets_constraints, plan
+from topotrain.placement.baselines import BASELINES
+from topotrain.placement.cost import DomainIndex
+from topotrain.topology import Inventory, TopologyLevels
+
+LEVELS = TopologyLevels()
+
+
+@dataclass(frozen=True)
+class Style:
+    name: str
+    gpus: int
+    nodes_per_rack: int
+    clique_is_rack: bool
+    gpus_per_pod: int
+
+
+STYLES = {
+    "hgx": Style("hgx", 8, 16, False, 8),
+    "nvl72": Style("nvl72", 4, 18, True, 4),
+}
+RACKS_PER_BLOCK = 8
+
+
+def make_cluster(style: Style, nodes: int, used: float, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Node and pod dicts as `kubectl get -o yaml` prints them."""
+    rng = random.Random(seed)
+    racks = max(1, round(nodes / style.nodes_per_rack))
+    node_dicts: list[dict[str, Any]] = []
+    for r in range(racks):
+        for h in range(style.nodes_per_rack):
+            name = f"n-{r:03d}-{h:02d}"
+            labels = {
+                LEVELS.block: f"b{r // RACKS_PER_BLOCK}",
+                LEVELS.rack: f"r{r:03d}",
+                LEVELS.host: name,
+                LEVELS.product: "H100-80GB" if style.name == "hgx" else "GB200",
+            }
+            if style.clique_is_rack:
+                labels[LEVELS.nvlink] = f"clique-{r:03d}"
+            node_dicts.append({
+                "metadata": {"name": name, "labels": labels},
+                "spec": {},
+                "status": {"allocatable": {"nvidia.com/gpu": str(style.gpus)},
+                           "conditions": [{"type": "Ready", "status": "True"}]},
+            })
+    free = {n["metadata"]["name"]: style.gpus for n in node_dicts}
+    target = int(used * style.gpus * len(node_dicts))
+    pods: list[dict[str, Any]] = []
+    names = sorted(free)
+    while target > 0:
+        size = min(target, rng.choice([1, 2, 4, style.gpus, style.gpus]))
+        room = [n for n in names if free[n] >= size] or [n for n in names if free[n] > 0]
+        node = rng.choice(room)
+        size = min(size, free[node])
+        free[node] -= size
+        target -= size
+        pods.append({
+            "metadata": {"name": f"other-{len(pods)}", "namespace": "other"},
+            "spec": {"nodeName": node, "containers": [{"resources": {"requests": {"nvidia.com/gpu": str(size)}}}]},
+            "status": {"phase": "Running"},
+        })
+    return node_dicts, pods
+
+
+def make_job(style: Style, inventory: Inventory, fraction: float) -> GangRequest | None:
+    slots = sum(n.free // style.gpus_per_pod for n in inventory.nodes.values())
+    gpus = int(slots * style.gpus_per_pod * fraction)
+    pipeline = 8 if gpus >= 8 * 8 * 8 else 4
+    data = gpus // (8 * pipeline)
+    if data < 1:
+        return None
+    return GangRequest(tensor=8, pipeline=pipeline, data=data, gpus_per_pod=style.gpus_per_pod)
+
+
+@dataclass
+class Row:
+    instance: str
+    pods: int
+    costs: dict[str, tuple[int, int, int, float, bool]]  # planner -> (total, rack, block, seconds, valid)
+
+
+def run_instance(style: Style, nodes: int, used: float, fraction: float, seed: int) -> Row | None:
+    node_dicts, pods = make_cluster(style, nodes, used, seed)
+    inventory = Inventory.from_snapshot(node_dicts, pods, LEVELS)
+    request = make_job(style, inventory, fraction)
+    if request is None:
+        return None
+    costs: dict[str, tuple[int, int, int, float, bool]] = {}
+    start = time.perf_counter()
+    result = plan(request, inventory)
+    seconds = time.perf_counter() - start
+    if not result.feasible:
+        print(f"  topotrain infeasible: {result.reason}", file=sys.stderr)
+        return None
+    pool_nodes = inventory.pools()[result.pool or ""]
+    index = DomainIndex(pool_nodes)
+    mesh = Mesh.build(request)
+    position = {name: i for i, name in enumerate(index.names)}
+    ours = [position[a.node] for a in result.assignments]
+    cost = evaluate(mesh, index, ours)
+    costs["topotrain"] = (cost.total, cost.rack, cost.block, seconds, meets_constraints(mesh, index, ours))
+    for name, baseline in BASELINES.items():
+        start = time.perf_counter()
+        assign = baseline(mesh, index)
+        seconds = time.perf_counter() - start
+        if assign is None:
+            continue
+        c = evaluate(mesh, index, assign)
+        costs[name] = (c.total, c.rack, c.block, seconds, meets_constraints(mesh, index, assign))
+    label = f"{style.name:5s} {len(node_dicts):5d}n {int(used * 100):2d}%used job{int(fraction * 100):2d}%"
+    return Row(label, mesh.pods, costs)
+
+
+PLANNERS = ("topotrain", "bestfit", "spread", "pack", "random")
+
+
+def print_table(rows: list[Row], out: Callable[[str], None] = print) -> None:
+    head = f"{'instance':30s} {'pods':>5s} " + " ".join(f"{p:>22s}" for p in PLANNERS)
+    out(head)
+    out(f"{'':30s} {'':5s} " + " ".join(f"{'cost/rack/block ms':>22s}" for _ in PLANNERS))
+    for row in rows:
+        cells = []
+        for p in PLANNERS:
+            if p not in row.costs:
+                cells.append(f"{'-':>22s}")
+                continue
+            total, rack, block, secs, valid = row.costs[p]
+            mark = "" if valid else "!"
+            cells.append(f"{total:>7d}{mark}/{rack:>6d}/{block:>6d} {secs * 1000:>5.0f}")
+        out(f"{row.instance:30s} {row.pods:>5d} " + " ".join(cells))
+    out("! = breaks a hard constraint (a tensor-parallel group split across NVLink domains)")
+
+
+def ratios(rows: list[Row], out: Callable[[str], None] = print) -> bool:
+    """Print geomean ratios (baseline / topotrain) and check the targets; True when met."""
+    ok = True
+    worse = [r.instance for r in rows if r.costs["topotrain"][0] > r.costs.get("bestfit", (math.inf,))[0]]
+    out(f"instances where topotrain costs more than bestfit: {len(worse)} {worse if worse else ''}")
+    ok &= not worse
+    for subset, label in ((rows, "all"), ([r for r in rows if "  0%used" not in r.instance], "fragmented")):
+        parts = []
+        for p in PLANNERS[1:]:
+            logs = [math.log(max(r.costs[p][0], 1) / max(r.costs["topotrain"][0], 1)) for r in subset if p in r.costs]
+            g = math.exp(sum(logs) / len(logs)) if logs else float("nan")
+            parts.append(f"{p} {g:.2f}x")
+            if label == "fragmented" and p == "bestfit":
+                ok &= g >= 1.15
+            if label == "fragmented" and p == "spread":
+                ok &= g >= 1.5
+        out(f"geomean cost ratio vs topotrain ({label}, {len(subset)} instances): " + ", ".join(parts))
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small clusters only (CI)")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    sizes = [64, 256] if args.quick else [64, 256, 1024, 2048]
+    rows: list[Row] = []
+    for style in STYLES.values():
+        for nodes in sizes:
+            for used in (0.0, 0.5, 0.8):
+                for fraction in (0.3, 0.6, 0.95):
+                    row = run_instance(style, nodes, used, fraction, args.seed + nodes)
+                    if row is not None:
+                        rows.append(row)
+    print_table(rows)
+    met = ratios(rows)
+    big = _big_job_seconds()
+    print(f"1,024-pod job (tp8 pp8 dp128) on an empty 2,048-node HGX cluster: planned in {big:.2f} s")
+    print("targets met" if met and big < 1.0 else "TARGETS NOT MET")
+    return 0
+
+
+def _big_job_seconds() -> float:
+    style = STYLES["hgx"]
+    node_dicts, pods = make_cluster(style, 2048, 0.0, 7)
+    inventory = Inventory.from_snapshot(node_dicts, pods, LEVELS)
+    request = GangRequest(tensor=8, pipeline=8, data=128, gpus_per_pod=8)
+    start = time.perf_counter()
+    result = plan(request, inventory)
+    assert result.feasible and len(result.assignments) == 1024, result.reason
+    return time.perf_counter() - start
+
+
+if __name__ == "__main__":
+    sys.exit(main())
