@@ -10,12 +10,14 @@ only what is not running; `down` stops every process group it started.
 from __future__ import annotations
 
 import base64
+import contextlib
+import fcntl
 import json
 import os
 import ssl
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -96,6 +98,8 @@ class Testbed:
     ) -> None:
         """Start whatever is not running, then apply `topology` (if given) and wait for its nodes."""
         ports = self.ports()
+        # Whoever calls `up` owns the testbed now: test sessions will not stop it.
+        (self.root / "started-by-session").unlink(missing_ok=True)
         ensure_pki(self.layout.pki)
         self._write_kubeconfigs(ports)
         for name, argv in CONTROL_PLANE:
@@ -115,6 +119,7 @@ class Testbed:
         stopped = [n for n, _ in reversed(CONTROL_PLANE) if self.process(n).stop()]
         if self.s3.stop():
             stopped.append("versitygw")
+        (self.root / "started-by-session").unlink(missing_ok=True)
         return stopped
 
     def status(self) -> list[ComponentStatus]:
@@ -134,6 +139,53 @@ class Testbed:
         s3_pid = ManagedProcess("versitygw", self.root).pid()
         rows.append(ComponentStatus("versitygw", s3_pid, s3.endpoint, s3.log_file))
         return rows
+
+    # --- shared use by several test sessions ----------------------------
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Serialise `up`/`down` decisions of concurrent test sessions on this state dir."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with (self.root / "lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def session(
+        self, topology: Path | str | dict[str, object] | None = None, timeout: float = 180.0
+    ) -> Iterator[Testbed]:
+        """Use the testbed for one test session, starting it if needed.
+
+        A testbed that someone started with `up` stays up. One that a session
+        started is stopped by the last session (of any process) to finish.
+        """
+        users = self.root / "sessions"
+        me = users / str(os.getpid())
+        with self.locked():
+            if not self.is_up():
+                self.up(timeout=timeout)
+                (self.root / "started-by-session").touch()
+            users.mkdir(exist_ok=True)
+            me.touch()
+            if topology is not None:
+                from testbed.nodes import apply_topology, wait_nodes_ready
+
+                wait_nodes_ready(
+                    self.kubeconfig, apply_topology(self.kubeconfig, topology), timeout
+                )
+        try:
+            yield self
+        finally:
+            with self.locked():
+                me.unlink(missing_ok=True)
+                alive = [p for p in users.iterdir() if _pid_alive(int(p.name))]
+                marker = self.root / "started-by-session"
+                if not alive and marker.exists():
+                    self.down()
+                    marker.unlink()
 
     # --- readiness -------------------------------------------------------
 
@@ -175,6 +227,16 @@ class Testbed:
     def _write_s3_env(self) -> None:
         env = {**self.s3.env(), "TOPOTRAIN_TESTBED_BUCKET": DEFAULT_BUCKET}
         (self.root / "s3.env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _b64(path: Path) -> str:

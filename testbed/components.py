@@ -94,6 +94,15 @@ def apiserver(layout: Layout, ports: Ports) -> list[str]:
         f"--service-account-key-file={pem('sa.pub')}",
         f"--service-account-signing-key-file={pem('sa.key')}",
         "--authorization-mode=Node,RBAC",
+        # Request-header authentication, as kubeadm sets it up: delegated
+        # authentication in the controller manager and scheduler reads it.
+        f"--requestheader-client-ca-file={pem('ca.crt')}",
+        "--requestheader-allowed-names=front-proxy-client",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pem('front-proxy-client.crt')}",
+        f"--proxy-client-key-file={pem('front-proxy-client.key')}",
         "--allow-privileged=true",
         # One client fleet on one machine: no request throttling (kwokctl --disable-qps-limits).
         "--max-requests-inflight=0",

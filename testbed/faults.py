@@ -6,9 +6,11 @@
 - Node NotReady: KWOK's chaos stage `node-not-ready` makes the "kubelet"
   report Ready=False; the real kube-controller-manager then taints the node
   `node.kubernetes.io/not-ready`.
-- Node unreachable: the node loses KWOK's management annotation, so nobody
-  renews its lease or heartbeats; after the node-monitor grace period the
-  real kube-controller-manager marks it Unknown and taints it
+- Node unreachable: the node's Lease (kube-node-lease) is taken over by a
+  holder that never renews it. KWOK, which only plays kubelets whose leases
+  it holds, then neither renews the lease nor writes the node's or its pods'
+  status; after the node-monitor grace period the real
+  kube-controller-manager marks the node Unknown and taints it
   `node.kubernetes.io/unreachable`, as for a machine that died.
 - Node deletion: the Node object is deleted (`testbed.nodes.delete_node`).
 - S3 outage: the versitygw process is stopped and started again.
@@ -16,16 +18,18 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 
-from testbed.components import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE
-from testbed.nodes import api_client
+from testbed.kube import api_client, core_v1
 
 POD_FAILED_STAGE = "pod-container-running-failed.stage.kwok.x-k8s.io"
 NODE_NOT_READY_STAGE = "node-not-ready.stage.kwok.x-k8s.io"
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+SILENT_HOLDER = "topotrain-testbed/unreachable"
 
 
 def fail_pod(
@@ -48,12 +52,12 @@ def fail_pod(
         annotations[f"{POD_FAILED_STAGE}/container-name"] = container
     patch = {"metadata": {"labels": {POD_FAILED_STAGE: "true"}, "annotations": annotations}}
     with api_client(kubeconfig) as api:
-        client.CoreV1Api(api).patch_namespaced_pod(name, namespace, patch)
+        core_v1(api).patch_namespaced_pod(name, namespace, patch)
 
 
 def _patch_node(kubeconfig: Path | str, name: str, patch: dict[str, Any]) -> None:
     with api_client(kubeconfig) as api:
-        client.CoreV1Api(api).patch_node(name, patch)
+        core_v1(api).patch_node(name, patch)
 
 
 def node_not_ready(
@@ -84,15 +88,35 @@ def node_ready(kubeconfig: Path | str, name: str) -> None:
             "metadata": {
                 "labels": {NODE_NOT_READY_STAGE: None},
                 "annotations": {
-                    KWOK_NODE_ANNOTATION: KWOK_NODE_VALUE,
                     f"{NODE_NOT_READY_STAGE}/reason": None,
                     f"{NODE_NOT_READY_STAGE}/message": None,
                 },
             }
         },
     )
+    with api_client(kubeconfig) as api:
+        leases: Any = client.CoordinationV1Api(api)
+        lease = leases.read_namespaced_lease(name, NODE_LEASE_NAMESPACE)
+    if lease.spec.holder_identity == SILENT_HOLDER:
+        # An expired lease: KWOK acquires it on its next try and resumes the node.
+        long_ago = datetime.now(UTC) - timedelta(days=1)
+        _patch_lease(kubeconfig, name, long_ago, duration_seconds=1)
 
 
 def node_unreachable(kubeconfig: Path | str, name: str) -> None:
-    """Stop the node's heartbeats and lease renewals, as if the machine died."""
-    _patch_node(kubeconfig, name, {"metadata": {"annotations": {KWOK_NODE_ANNOTATION: None}}})
+    """Silence the node's kubelet (KWOK): no more lease renewals or status updates."""
+    _patch_lease(kubeconfig, name, datetime.now(UTC), duration_seconds=7 * 24 * 3600)
+
+
+def _patch_lease(
+    kubeconfig: Path | str, name: str, renew_time: datetime, duration_seconds: int
+) -> None:
+    patch = {
+        "spec": {
+            "holderIdentity": SILENT_HOLDER,
+            "renewTime": renew_time.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "leaseDurationSeconds": duration_seconds,
+        }
+    }
+    with api_client(kubeconfig) as api:
+        client.CoordinationV1Api(api).patch_namespaced_lease(name, NODE_LEASE_NAMESPACE, patch)

@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client, config
-from kubernetes.client.rest import ApiException
+from kubernetes.client import ApiException
 
+from testbed.kube import api_client, core_v1
 from testbed.topology import (
     PRELOAD_NAMESPACE,
     TOPOLOGY_LABEL,
@@ -25,11 +25,6 @@ from testbed.topology import (
 )
 
 CREATE_PARALLELISM = 8
-
-
-def api_client(kubeconfig: Path | str) -> Any:
-    """A kubernetes.client.ApiClient for `kubeconfig`."""
-    return config.new_client_from_config(config_file=str(kubeconfig))
 
 
 def _create_ignoring_conflict(create: Any, *args: Any) -> None:
@@ -45,7 +40,7 @@ def apply_topology(kubeconfig: Path | str, source: Path | str | Mapping[str, Any
     topology = parse_topology(source)
     plans = list(plan_nodes(topology))
     with api_client(kubeconfig) as api:
-        core = client.CoreV1Api(api)
+        core = core_v1(api)
         with ThreadPoolExecutor(CREATE_PARALLELISM) as pool:
             list(
                 pool.map(
@@ -87,7 +82,7 @@ def add_node(
     manifest = node_manifest(NodePlan(name, pool, block, rack, clique, index=0), "extra")
     manifest["metadata"]["labels"].update(labels or {})
     with api_client(kubeconfig) as api:
-        client.CoreV1Api(api).create_node(manifest)
+        core_v1(api).create_node(manifest)
     return name
 
 
@@ -95,7 +90,7 @@ def delete_node(kubeconfig: Path | str, name: str) -> bool:
     """Delete a node object (as when a machine leaves the cluster); False if it was absent."""
     with api_client(kubeconfig) as api:
         try:
-            client.CoreV1Api(api).delete_node(name)
+            core_v1(api).delete_node(name)
         except ApiException as err:
             if err.status == 404:
                 return False
@@ -107,7 +102,7 @@ def delete_topology(kubeconfig: Path | str, topology_name: str) -> int:
     """Delete every node created from the named topology and its preload pods; returns the node count."""
     selector = f"{TOPOLOGY_LABEL}={topology_name}"
     with api_client(kubeconfig) as api:
-        core = client.CoreV1Api(api)
+        core = core_v1(api)
         core.delete_collection_namespaced_pod(PRELOAD_NAMESPACE, label_selector=selector)
         names = [n.metadata.name for n in core.list_node(label_selector=selector).items]
         for name in names:
@@ -118,9 +113,7 @@ def delete_topology(kubeconfig: Path | str, topology_name: str) -> int:
 def ready_node_names(kubeconfig: Path | str, label_selector: str = "") -> set[str]:
     """Names of nodes whose Ready condition is True."""
     with api_client(kubeconfig) as api:
-        response = client.CoreV1Api(api).list_node(
-            label_selector=label_selector, _preload_content=False
-        )
+        response = core_v1(api).list_node(label_selector=label_selector, _preload_content=False)
         items = json.loads(response.data)["items"]
     return {
         item["metadata"]["name"]

@@ -31,7 +31,9 @@ SCHEDULER = ClientIdentity("kube-scheduler", "system:kube-scheduler")
 # KWOK plays every kubelet: it writes node and pod status for all fake nodes,
 # which the Node authorizer would refuse to a single system:node identity.
 KWOK = ClientIdentity("kwok", "kwok-controller", ("system:masters",))
-IDENTITIES = (ADMIN, CONTROLLER_MANAGER, SCHEDULER, KWOK)
+# The API server's client identity towards aggregated API servers.
+FRONT_PROXY = ClientIdentity("front-proxy-client", "front-proxy-client")
+IDENTITIES = (ADMIN, CONTROLLER_MANAGER, SCHEDULER, KWOK, FRONT_PROXY)
 
 
 def _openssl(*args: str) -> None:

@@ -217,7 +217,7 @@ def preload_pod_manifest(plan: NodePlan, topology_name: str) -> dict[str, Any]:
 
 
 def generate_scale_topology(
-    nodes: int, nodes_per_rack: int = 10, racks_per_block: int = 10
+    nodes: int, nodes_per_rack: int = 10, racks_per_block: int = 10, prefix: str = ""
 ) -> dict[str, Any]:
     """A two-pool HGX topology (H100 and A100 halves) of `nodes` nodes, for the scale benchmark."""
     per_block = nodes_per_rack * racks_per_block
@@ -226,9 +226,9 @@ def generate_scale_topology(
     pool = {"gpusPerNode": 8, "blocks": nodes // (2 * per_block), "racksPerBlock": racks_per_block,
             "nodesPerRack": nodes_per_rack, "nvlinkDomainNodes": 1}  # fmt: skip
     return {
-        "name": f"scale-{nodes}",
+        "name": f"{prefix}scale-{nodes}",
         "pools": [
-            {"name": "h100", "product": "H100-80GB", **pool},
-            {"name": "a100", "product": "A100-80GB", **pool},
+            {"name": f"{prefix}h100", "product": "H100-80GB", **pool},
+            {"name": f"{prefix}a100", "product": "A100-80GB", **pool},
         ],
     }

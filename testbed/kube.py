@@ -1,0 +1,68 @@
+"""The Kubernetes client edge of the testbed: one place that builds clients."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kubernetes import client, config
+
+from testbed.binaries import bin_dir
+
+if TYPE_CHECKING:
+    from testbed.cluster import Testbed
+
+
+def api_client(kubeconfig: Path | str) -> client.ApiClient:
+    """A kubernetes ApiClient for `kubeconfig` (use it as a context manager)."""
+    api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=str(kubeconfig)
+    )
+    return api
+
+
+def core_v1(api: client.ApiClient) -> Any:
+    """CoreV1Api, typed loosely: the testbed sends plain-dict manifests and patches."""
+    return client.CoreV1Api(api)
+
+
+@dataclass
+class Kube:
+    """A cluster for tests: its kubeconfig, a client, and the testbed if it is one."""
+
+    kubeconfig: Path
+    api: Any  # kubernetes.client.ApiClient
+    testbed: Testbed | None
+
+    @property
+    def core(self) -> Any:
+        from kubernetes import client
+
+        return client.CoreV1Api(self.api)
+
+    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run kubectl (the testbed's build when present) against this cluster."""
+        return _run_tool("kubectl", self.kubeconfig, args, check)
+
+    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return _run_tool("helm", self.kubeconfig, args, check)
+
+    def require_testbed(self, why: str) -> Testbed:
+        """The testbed, or skip: KWOK-simulated nodes and faults exist only there."""
+        if self.testbed is None:
+            import pytest
+
+            pytest.skip(f"needs the local testbed ({why}); KUBECONFIG names another cluster")
+        return self.testbed
+
+
+def _run_tool(
+    name: str, kubeconfig: Path, args: tuple[str, ...], check: bool
+) -> subprocess.CompletedProcess[str]:
+    built = bin_dir() / name
+    tool = str(built) if built.exists() else name
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    return subprocess.run([tool, *args], env=env, capture_output=True, text=True, check=check)

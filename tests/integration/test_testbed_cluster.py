@@ -1,0 +1,246 @@
+"""The testbed behaves like the Kubernetes a user deploys to: the real API
+server, scheduler, controller manager (GC, node lifecycle), RBAC and Helm,
+with KWOK-simulated GPU nodes. Tests that need KWOK nodes or fault injection
+skip on other clusters (KUBECONFIG set); the rest run anywhere."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from testbed import faults
+from testbed.binaries import versions
+from testbed.kube import Kube
+from testbed.nodes import add_node, delete_node, wait_nodes_ready
+from testbed.topology import (
+    BLOCK_LABEL,
+    GPU_RESOURCE,
+    HOSTNAME_LABEL,
+    PRODUCT_LABEL,
+    RACK_LABEL,
+    TOPOLOGY_LABEL,
+)
+
+pytestmark = pytest.mark.integration
+
+CHART = Path(__file__).parent / "charts" / "hello"
+T = TypeVar("T")
+
+
+def eventually(probe: Callable[[], T | None], what: str, timeout: float = 120.0) -> T:
+    """Poll until `probe` returns a truthy value; fail naming `what` if it never does."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"never happened within {timeout:.0f}s: {what}")
+        time.sleep(0.3)
+
+
+def gpu_pod(name: str, gpus: int, selector: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": selector or {},
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.invalid/trainer:0",
+                    "resources": {"limits": {GPU_RESOURCE: str(gpus)}},
+                }
+            ],
+        },
+    }
+
+
+def read_pod(kube: Kube, namespace: str, name: str) -> Any:
+    return kube.core.read_namespaced_pod(name, namespace)
+
+
+def test_server_reports_pinned_version(kube: Kube) -> None:
+    report = json.loads(kube.kubectl("version", "-o", "json").stdout)
+    server = report["serverVersion"]["gitVersion"]
+    if kube.testbed is not None:
+        assert server == versions()["KUBERNETES_VERSION"]
+    assert server.startswith("v1.")
+
+
+def test_topology_nodes_are_ready_with_labels_and_gpus(kube: Kube) -> None:
+    kube.require_testbed("KWOK nodes from examples/clusters/tiny.yaml")
+    out = kube.kubectl("get", "nodes", "-l", f"{TOPOLOGY_LABEL}=tiny", "-o", "json").stdout
+    nodes = {n["metadata"]["name"]: n for n in json.loads(out)["items"]}
+    assert sorted(nodes) == [
+        "tiny-a100-b0-r0-n0",
+        "tiny-h100-b0-r0-n0",
+        "tiny-h100-b0-r0-n1",
+        "tiny-h100-b0-r1-n0",
+        "tiny-h100-b0-r1-n1",
+    ]
+    node = nodes["tiny-h100-b0-r1-n0"]
+    labels = node["metadata"]["labels"]
+    assert labels[BLOCK_LABEL] == "tiny-h100-b0"
+    assert labels[RACK_LABEL] == "tiny-h100-b0-r1"
+    assert labels[PRODUCT_LABEL] == "H100-80GB"
+    assert labels[HOSTNAME_LABEL] == "tiny-h100-b0-r1-n0"
+    for n in nodes.values():
+        ready = [c for c in n["status"]["conditions"] if c["type"] == "Ready"]
+        assert ready[0]["status"] == "True", n["metadata"]["name"]
+        assert n["status"]["allocatable"][GPU_RESOURCE] == "8"
+        assert n["status"]["capacity"][GPU_RESOURCE] == "8"
+
+
+def test_scheduler_binds_gpu_pod_to_matching_node(kube: Kube, namespace: str) -> None:
+    kube.require_testbed("KWOK GPU nodes")
+    kube.core.create_namespaced_pod(namespace, gpu_pod("w", 4, {PRODUCT_LABEL: "A100-80GB"}))
+
+    pod = eventually(
+        lambda: (p := read_pod(kube, namespace, "w")).status.phase == "Running" and p,
+        "the pod becomes Running",
+    )
+    assert pod.spec.node_name == "tiny-a100-b0-r0-n0"
+    node = kube.core.read_node(pod.spec.node_name)
+    assert node.metadata.labels[PRODUCT_LABEL] == "A100-80GB"
+
+
+def test_pod_asking_too_many_gpus_stays_pending_with_scheduler_reason(
+    kube: Kube, namespace: str
+) -> None:
+    kube.require_testbed("KWOK GPU nodes")
+    kube.core.create_namespaced_pod(namespace, gpu_pod("greedy", 64))
+
+    def failed_scheduling() -> Any:
+        events = kube.core.list_namespaced_event(
+            namespace, field_selector="involvedObject.name=greedy,reason=FailedScheduling"
+        ).items
+        return events[0] if events else None
+
+    event = eventually(failed_scheduling, "a FailedScheduling event")
+    assert f"Insufficient {GPU_RESOURCE}" in event.message
+    pod = read_pod(kube, namespace, "greedy")
+    assert pod.status.phase == "Pending"
+    assert pod.spec.node_name is None
+    scheduled = [c for c in pod.status.conditions if c.type == "PodScheduled"]
+    assert scheduled[0].status == "False"
+    assert scheduled[0].reason == "Unschedulable"
+
+
+def test_injected_pod_failure_shows_failed_with_exit_code(kube: Kube, namespace: str) -> None:
+    bed = kube.require_testbed("KWOK fault stages")
+    kube.core.create_namespaced_pod(namespace, gpu_pod("victim", 1))
+    eventually(lambda: read_pod(kube, namespace, "victim").status.phase == "Running", "Running")
+
+    faults.fail_pod(bed.kubeconfig, namespace, "victim", exit_code=137, reason="OOMKilled")
+
+    pod = eventually(
+        lambda: (p := read_pod(kube, namespace, "victim")).status.phase == "Failed" and p,
+        "phase Failed",
+    )
+    terminated = pod.status.container_statuses[0].state.terminated
+    assert terminated.exit_code == 137
+    assert terminated.reason == "OOMKilled"
+
+
+@pytest.fixture
+def spare_node(kube: Kube) -> Iterator[str]:
+    """A node of its own, so breaking it disturbs no other test."""
+    bed = kube.require_testbed("KWOK nodes")
+    name = f"spare-{time.monotonic_ns() % 10**8}"
+    add_node(bed.kubeconfig, name, product="H100-80GB", gpus=8)
+    wait_nodes_ready(bed.kubeconfig, [name])
+    yield name
+    delete_node(bed.kubeconfig, name)
+
+
+def node_taints(kube: Kube, name: str) -> set[str]:
+    return {t.key for t in kube.core.read_node(name).spec.taints or []}
+
+
+def test_not_ready_node_is_tainted_by_controller_manager(kube: Kube, spare_node: str) -> None:
+    bed = kube.require_testbed("KWOK fault stages")
+    faults.node_not_ready(bed.kubeconfig, spare_node)
+
+    eventually(
+        lambda: "node.kubernetes.io/not-ready" in node_taints(kube, spare_node),
+        "kube-controller-manager taints the node not-ready",
+    )
+    faults.node_ready(bed.kubeconfig, spare_node)
+    eventually(
+        lambda: not node_taints(kube, spare_node) & {"node.kubernetes.io/not-ready"},
+        "the taint goes once the node reports Ready again",
+    )
+
+
+@pytest.mark.slow
+def test_node_without_heartbeats_becomes_unreachable(kube: Kube, spare_node: str) -> None:
+    bed = kube.require_testbed("KWOK-managed leases")
+    faults.node_unreachable(bed.kubeconfig, spare_node)
+
+    eventually(
+        lambda: "node.kubernetes.io/unreachable" in node_taints(kube, spare_node),
+        "kube-controller-manager taints the silent node unreachable",
+    )
+    ready = [c for c in kube.core.read_node(spare_node).status.conditions if c.type == "Ready"]
+    assert ready[0].status == "Unknown"
+
+    faults.node_ready(bed.kubeconfig, spare_node)
+    wait_nodes_ready(bed.kubeconfig, [spare_node])
+    eventually(
+        lambda: "node.kubernetes.io/unreachable" not in node_taints(kube, spare_node),
+        "the taint goes once the node's kubelet reports again",
+    )
+
+
+def test_deleting_owner_deletes_dependents(kube: Kube, namespace: str) -> None:
+    owner = kube.core.create_namespaced_config_map(namespace, {"metadata": {"name": "owner"}})
+    ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.metadata.uid}
+    kube.core.create_namespaced_config_map(
+        namespace, {"metadata": {"name": "dependent", "ownerReferences": [ref]}}
+    )
+
+    kube.core.delete_namespaced_config_map("owner", namespace)
+
+    eventually(
+        lambda: (
+            not kube.core.list_namespaced_config_map(
+                namespace, field_selector="metadata.name=dependent"
+            ).items
+        ),
+        "the garbage collector deletes the dependent",
+    )
+
+
+def test_rbac_is_enforced(kube: Kube, namespace: str) -> None:
+    kube.core.create_namespaced_service_account(namespace, {"metadata": {"name": "nobody"}})
+    subject = f"system:serviceaccount:{namespace}:nobody"
+
+    denied = kube.kubectl(
+        "auth", "can-i", "list", "pods", "-n", namespace, "--as", subject, check=False
+    )
+    assert denied.stdout.strip() == "no"
+    allowed = kube.kubectl("auth", "can-i", "list", "pods", "-n", namespace, check=False)
+    assert allowed.stdout.strip() == "yes"
+
+
+def test_helm_installs_and_uninstalls_a_chart(kube: Kube, namespace: str) -> None:
+    wait = ["--wait", "--timeout", "120s"] if kube.testbed is not None else []
+    kube.helm("install", "demo", str(CHART), "-n", namespace, "--set", "greeting=hi", *wait)
+
+    data = kube.core.read_namespaced_config_map("demo-greeting", namespace).data
+    assert data == {"greeting": "hi"}
+    listed = json.loads(kube.helm("list", "-n", namespace, "-o", "json").stdout)
+    assert [(r["name"], r["status"]) for r in listed] == [("demo", "deployed")]
+    if kube.testbed is not None:
+        assert read_pod(kube, namespace, "demo-gpu").status.phase == "Running"
+
+    kube.helm("uninstall", "demo", "-n", namespace, "--wait")
+    assert not kube.core.list_namespaced_config_map(
+        namespace, label_selector="app.kubernetes.io/instance=demo"
+    ).items
