@@ -22,13 +22,16 @@ APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
 NON_DEFAULT: dict[str, Any] = {
     "replicaCount": 2,
     "watchNamespaces": ["team-a", "team-b"],
-    "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
+    "metrics": {
+        "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
+        "trainerPodMonitor": {"enabled": True},
+    },
     "dashboard": {"enabled": True, "namespace": "monitoring"},
-    "checkpointSecrets": [
+    "rbac": {"checkpointSecrets": [
         {"namespace": "team-a", "names": ["s3-ckpt"]},
         {"namespace": "team-b", "names": ["s3-ckpt", "s3-other"]},
         {"namespace": "team-a", "names": ["s3-extra"]},
-    ],
+    ]},
     "image": {"digest": "sha256:" + "ab" * 32},
     "operator": {"recovery": "recreate", "verbose": True},
 }
@@ -268,20 +271,28 @@ def test_service_monitor_scrapes_the_metrics_service(helm: Path, tmp_path: Path)
     assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
 
 
-OPERATOR_METRICS = [
-    "topotrain_jobs", "topotrain_restarts_total", "topotrain_recovery_seconds",
-    "topotrain_placement_cost", "topotrain_reconcile_duration_seconds",
-    "topotrain_checkpoint_age_seconds",
-]
-TRAINER_METRICS = [
-    "topotrain_trainer_tokens_per_second", "topotrain_trainer_step_seconds",
-    "topotrain_trainer_checkpoint_stall_seconds",
-]
+def exported_series(registry: Any) -> set[str]:
+    """Names of the series a prometheus_client registry exposes, by metric type."""
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "gauge": [""]}
+    return {
+        family.name + suffix
+        for family in registry.collect()
+        for suffix in suffixes.get(family.type, [""])
+    }
 
 
-def test_dashboard_configmap_carries_a_dashboard_over_every_metric(
+def test_dashboard_configmap_charts_every_metric_the_code_exports(
     helm: Path, tmp_path: Path
 ) -> None:
+    import prometheus_client
+    import topotrain_trainer.metrics  # noqa: F401  (registers the trainer's metrics)
+    from topotrain.metrics import Metrics
+
+    operator_series = exported_series(Metrics().registry)
+    trainer_series = {
+        name for name in exported_series(prometheus_client.REGISTRY)
+        if name.startswith("topotrain_")
+    }
     configmap = one(render(helm, tmp_path, NON_DEFAULT), "ConfigMap")
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert configmap["metadata"]["namespace"] == "monitoring"
@@ -290,9 +301,22 @@ def test_dashboard_configmap_carries_a_dashboard_over_every_metric(
         target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])
     )
     used = set(re.findall(r"topotrain_[a-z_]+", exprs))
-    for metric in OPERATOR_METRICS + TRAINER_METRICS:
-        assert any(name == metric or name.startswith(metric + "_") for name in used), metric
+    assert used <= operator_series | trainer_series, "the dashboard queries unknown series"
+    charted = {re.sub(r"_(bucket|sum|count)$", "", name) for name in used}
+    for series in operator_series | trainer_series:
+        assert re.sub(r"_(bucket|sum|count)$", "", series) in charted, f"{series} is not charted"
     assert len({panel["id"] for panel in dashboard["panels"]}) == len(dashboard["panels"])
+
+
+def test_trainer_pod_monitor_labels_series_with_the_trainingjob(
+    helm: Path, tmp_path: Path
+) -> None:
+    monitor = one(render(helm, tmp_path, NON_DEFAULT), "PodMonitor")
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    relabel = {r["targetLabel"]: r for r in endpoint["relabelings"] if "targetLabel" in r}
+    assert relabel["job"]["sourceLabels"] == ["__meta_kubernetes_pod_label_topotrain_io_job"]
+    assert relabel["__address__"]["replacement"] == "${1}:9400"
 
 
 @pytest.mark.parametrize(
@@ -303,7 +327,7 @@ def test_dashboard_configmap_carries_a_dashboard_over_every_metric(
         ({"replicaCount": "two"}, "replicaCount"),
         ({"securityContext": {"allowPrivilegeEscalation": True}}, "allowPrivilegeEscalation"),
         ({"securityContext": {"capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]}}}, "add"),
-        ({"checkpointSecrets": [{"namespace": "a"}]}, "names"),
+        ({"rbac": {"checkpointSecrets": [{"namespace": "a"}]}}, "names"),
         ({"watchNamespaces": "team-a"}, "watchNamespaces"),
     ],
     ids=["unknown-key", "unknown-nested-key", "wrong-type",
