@@ -2,15 +2,20 @@
 
 `reconcile` asks a `Planner` bound to one job and one snapshot of the cluster
 (in which the job's own pods hold nothing, since every restart replaces the
-whole gang). The real one wraps `topotrain.placement` (see
-`handlers_plan.py`); unit tests pass a table-driven fake.
+whole gang). The real one wraps `topotrain.placement` (`PlacementPlanner`, below); unit tests pass a table-driven fake.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
+
+from topotrain import placement
+from topotrain.api import TrainingJobSpec
+from topotrain.placement import GangRequest
+from topotrain.status import Reason
+from topotrain.topology import Inventory
 
 PlanMode = str  # "initial", "incremental" or "full"
 
@@ -48,3 +53,69 @@ class Planner(Protocol):
         degree in [low, high], when the lost pods cannot be replaced in place.
         """
         ...
+
+
+class PlacementPlanner:
+    """The `Planner` backed by `topotrain.placement`, for one job and one inventory.
+
+    Build the inventory without the job's own pods (`ignore_pods_of`), since a
+    restart replaces the whole gang, and with the GPUs of pods created but not
+    yet bound reserved, so two plans never double-book a node.
+    """
+
+    def __init__(self, spec: TrainingJobSpec, inventory: Inventory) -> None:
+        self.request = GangRequest.from_spec(spec)
+        self.inventory = inventory
+
+    def _request(self, low: int, high: int) -> GangRequest:
+        return replace(self.request, data=high, min_data=min(low, high))
+
+    def plan(self, low: int, high: int) -> PlanOutcome:
+        unknown = self._unknown_pools()
+        if unknown is not None:
+            return unknown
+        return self._outcome(placement.plan(self._request(low, high), self.inventory), "initial")
+
+    def replan(
+        self, previous: Mapping[int, str], lost: frozenset[str], low: int, high: int
+    ) -> PlanOutcome:
+        request = self._request(low, high)
+        recovery = placement.replan_recovery(request, self.inventory, previous, lost)
+        if recovery.feasible:
+            return self._outcome(recovery.plan, recovery.mode)
+        for data in range(high - 1, low - 1, -1):  # shrink, keeping the healthiest replicas
+            if not request.fits_pods(data):
+                continue
+            shrunk = placement.plan_shrink(request, self.inventory, previous, lost, data)
+            if shrunk.feasible:
+                return self._outcome(shrunk.plan, shrunk.mode)
+        return self._outcome(recovery.plan, "full")
+
+    def _unknown_pools(self) -> PlanOutcome | None:
+        wanted = self.request.gpu_types
+        known = {info.pool for info in self.inventory.known.values()}
+        if not wanted or known & set(wanted):
+            return None
+        return PlanOutcome(
+            False, reason=Reason.UNKNOWN_GPU_TYPE,
+            message=f"no node in the cluster has GPU type {', '.join(wanted)} "
+            f"(known: {', '.join(sorted(known)) or 'none'}); fix spec.worker.gpuTypes",
+        )
+
+    def _outcome(self, result: placement.Plan, mode: str) -> PlanOutcome:
+        if not result.feasible:
+            return PlanOutcome(
+                False, reason=Reason.INSUFFICIENT_CAPACITY, message=result.reason or "no placement",
+                mode=mode,
+            )
+        nodes = result.nodes
+        paths = [self._path(n) for n in set(nodes.values())]
+        return PlanOutcome(
+            True, pool=result.pool, data=result.data or 0, assignments=nodes,
+            cost=float(result.cost.total), mode=mode, nodes=len(paths),
+            racks=len({p[:2] for p in paths}), blocks=len({p[:1] for p in paths}),
+        )
+
+    def _path(self, node: str) -> tuple[str, ...]:
+        info = self.inventory.nodes.get(node) or self.inventory.known.get(node)
+        return (node, node) if info is None else tuple(info.path)

@@ -1,0 +1,192 @@
+"""One reconcile loop per TrainingJob: observe, decide (pure), act, write status once.
+
+The kopf daemon of each job runs `JobLoop.run`: a pass, then a wait until a
+watch event wakes it (its pods, a node, freed capacity) or the pass's requeue
+time or the idle interval passes. Planning and pod creation happen under one
+process-wide lock, with created pods recorded in the ledger before the lock is
+released, so concurrent jobs never plan onto the same free GPUs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from topotrain import reconcile as rec
+from topotrain.api import TrainingJobSpec
+from topotrain.handlers_act import Actuator
+from topotrain.handlers_observe import Observer
+from topotrain.kube import Kube, merge_patch
+from topotrain.metrics import METRICS
+from topotrain.planning import PlacementPlanner, PlanOutcome
+from topotrain.reconcile_status import CheckpointView
+from topotrain.settings import Settings
+from topotrain.snapshot import JobKey, Ledger, Snapshot
+from topotrain.status import ConditionType, TrainingJobStatus, set_condition
+
+log = logging.getLogger("topotrain.jobs")
+COALESCE_SECONDS = 0.02  # let a burst of watch events land before the next pass
+
+
+@dataclass
+class Operator:
+    """Process-wide state shared by every job's loop."""
+
+    settings: Settings
+    kube: Kube
+    ledger: Ledger = field(default_factory=Ledger)
+    plan_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    wakers: dict[JobKey, asyncio.Event] = field(default_factory=dict)
+    written: dict[JobKey, dict[str, Any]] = field(default_factory=dict)
+
+    def wake(self, key: JobKey) -> None:
+        event = self.wakers.get(key)
+        if event is not None:
+            event.set()
+
+    def wake_all(self) -> None:
+        for event in self.wakers.values():
+            event.set()
+
+
+class LazyPlanner:
+    """Builds the inventory only when the reconciler actually asks for a plan."""
+
+    def __init__(self, make: Callable[[], PlacementPlanner]) -> None:
+        self._make = make
+        self._planner: PlacementPlanner | None = None
+
+    def _get(self) -> PlacementPlanner:
+        if self._planner is None:
+            self._planner = self._make()
+        return self._planner
+
+    def plan(self, low: int, high: int) -> PlanOutcome:
+        return self._get().plan(low, high)
+
+    def replan(self, previous: Mapping[int, str], lost: frozenset[str], low: int, high: int
+               ) -> PlanOutcome:
+        return self._get().replan(previous, lost, low, high)
+
+
+class JobLoop:
+    """The reconcile loop of one TrainingJob."""
+
+    def __init__(self, op: Operator, key: JobKey, body: kopf.Body) -> None:
+        self.op, self.key, self.body = op, key, body
+        self.observer = Observer(op.kube, op.settings)
+        self.actuator = Actuator(op.kube, op.settings, op.ledger)
+
+    async def run(self, stopped: kopf.DaemonStopped, pods: kopf.Index[str, Any],
+                  nodes: kopf.Index[str, Any]) -> None:
+        event = self.op.wakers.setdefault(self.key, asyncio.Event())
+        try:
+            while not stopped:
+                event.clear()
+                try:
+                    requeue = await self.pass_once(pods, nodes)
+                except Exception:  # one job's trouble never stops the others
+                    log.exception("reconcile of %s/%s failed; retrying", *self.key)
+                    requeue = self.op.settings.reconcile_interval
+                timeout = self.op.settings.reconcile_interval
+                if requeue is not None:
+                    timeout = max(0.05, min(requeue, timeout))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), timeout)
+                await asyncio.sleep(COALESCE_SECONDS)
+        finally:
+            self.op.wakers.pop(self.key, None)
+            self.op.written.pop(self.key, None)
+            METRICS.job_phase(*self.key, None)
+
+    async def pass_once(self, pods: kopf.Index[str, Any], nodes: kopf.Index[str, Any]) -> float | None:
+        started = time.perf_counter()
+        namespace, name = self.key
+        raw_status = dict(self.body.get("status") or {})
+        self.op.written.setdefault(self.key, raw_status)
+        status = TrainingJobStatus.model_validate(self.op.written[self.key])
+        try:
+            spec = TrainingJobSpec.model_validate(dict(self.body.get("spec") or {}))
+        except ValidationError as exc:
+            return await self._invalid_spec(status, str(exc).splitlines()[0:3])
+        problem, ckpt = await asyncio.to_thread(self.observer.checkpoint, self.key, spec, status)
+        table = await asyncio.to_thread(self.op.kube.rank_table, namespace, name)
+        async with self.op.plan_lock:
+            snapshot = Snapshot.take(_values(nodes), _values(pods), self.op.ledger)
+            obs = self._observed(spec, status, snapshot, ckpt, table, problem)
+            decision = rec.reconcile(obs)
+            if decision.launch is not None and not self.observer.fresh(self.key):
+                _, ckpt = await asyncio.to_thread(self.observer.checkpoint, self.key, spec, status, True)
+                decision = rec.reconcile(replace(obs, checkpoint=ckpt))
+            await asyncio.to_thread(self.actuator.apply, self.key, self.body, spec, decision)
+        await self._write_status(decision.status)
+        for kind, reason, message in decision.events:
+            kopf.event(self.body, type=kind, reason=reason, message=message)
+        self._observe_metrics(decision, ckpt)
+        METRICS.reconcile.observe(time.perf_counter() - started)
+        return decision.requeue_after
+
+    def _observed(self, spec: TrainingJobSpec, status: TrainingJobStatus, snapshot: Snapshot,
+                  ckpt: CheckpointView | None, table: rec.RankTable | None,
+                  problem: tuple[str, str] | None) -> rec.Observed:
+        labels = self.op.settings.labels
+        tolerations = [t.to_wire() for t in spec.worker.tolerations]
+
+        def make() -> PlacementPlanner:
+            inventory = snapshot.inventory(self.key, labels, tolerations, spec.worker.node_selector)
+            return PlacementPlanner(spec, inventory)
+
+        return rec.Observed(
+            name=self.key[1], namespace=self.key[0],
+            generation=int(self.body.get("metadata", {}).get("generation") or 0),
+            spec=spec, status=status, pods=snapshot.job_pods(self.key),
+            nodes=snapshot.node_views(), planner=LazyPlanner(make), now=datetime.now(UTC),
+            checkpoint=ckpt, rank_table=table, config_problem=problem,
+            strategy=self.op.settings.recovery,
+        )
+
+    async def _invalid_spec(self, status: TrainingJobStatus, lines: list[str]) -> float | None:
+        status.conditions = set_condition(
+            status.conditions, ConditionType.CONFIG_VALID, False, "InvalidSpec", " ".join(lines),
+        )
+        await self._write_status(status)
+        return None
+
+    async def _write_status(self, status: TrainingJobStatus) -> None:
+        wire = status.to_wire()
+        old = self.op.written.get(self.key, {})
+        if wire == old:
+            return
+        patch = merge_patch(old, wire)
+        await asyncio.to_thread(self.op.kube.patch_status, *self.key, patch)
+        self.op.written[self.key] = wire
+
+    def _observe_metrics(self, decision: rec.Decision, ckpt: CheckpointView | None) -> None:
+        namespace, name = self.key
+        st = decision.status
+        METRICS.job_phase(namespace, name, st.phase)
+        if decision.restart_reason:
+            METRICS.restarts.labels(decision.restart_reason).inc()
+        if decision.recovered_seconds is not None:
+            METRICS.recovery.observe(decision.recovered_seconds)
+        if decision.launch is not None and st.recovery is not None and st.recovery.mode in ("shrink", "grow"):
+            METRICS.resizes.labels(st.recovery.mode).inc()
+        if st.placement is not None:
+            METRICS.placement_cost.labels(namespace, name).set(st.placement.cost)
+        if ckpt is not None and ckpt.time is not None:
+            age = (datetime.now(UTC) - ckpt.time).total_seconds()
+            METRICS.checkpoint_age.labels(namespace, name).set(max(0.0, age))
+
+
+def _values(index: kopf.Index[str, Any]) -> Iterable[Mapping[str, Any]]:
+    store = index.get("all")
+    return list(store) if store is not None else []

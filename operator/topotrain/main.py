@@ -1,0 +1,128 @@
+"""kopf registrations of the topotrain operator, and `topotrain run`.
+
+Only registrations live here; each delegates to a handler module. Indexes keep
+a slim copy of every node and every GPU pod, so a reconcile pass never LISTs;
+pod and node events wake the affected jobs' loops at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from typing import Any
+
+import kopf
+
+from topotrain import GROUP, PLURAL, VERSION
+from topotrain.handlers_jobs import JobLoop, Operator
+from topotrain.kube import Kube, load_config
+from topotrain.metrics import METRICS
+from topotrain.settings import Settings, add_arguments
+from topotrain.snapshot import job_of, requests_gpus, slim_node, slim_pod
+
+log = logging.getLogger("topotrain")
+SETTINGS: Settings = Settings.from_env()
+STATE: dict[str, Operator] = {}
+_NODE_SEEN: dict[str, tuple[Any, ...]] = {}
+
+
+def _operator() -> Operator:
+    if "op" not in STATE:
+        STATE["op"] = Operator(settings=SETTINGS, kube=Kube())
+    return STATE["op"]
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    load_config()
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    settings.posting.level = logging.INFO
+    settings.posting.enabled = True
+    settings.watching.server_timeout = 300
+    settings.batching.worker_limit = 64
+    if SETTINGS.peering:
+        settings.peering.name = SETTINGS.peering
+        settings.peering.mandatory = True
+        settings.peering.clusterwide = SETTINGS.cluster_wide
+    settings.peering.standalone = SETTINGS.standalone
+    METRICS.serve(SETTINGS.metrics_port)
+    _operator()
+    log.info("topotrain operator: %s", SETTINGS)
+
+
+@kopf.index("nodes")
+def nodes_index(body: kopf.Body, **_: Any) -> dict[str, Any]:
+    return {"all": slim_node(body)}
+
+
+@kopf.index("pods", when=lambda body, **_: requests_gpus(body))
+def gpu_pods_index(body: kopf.Body, **_: Any) -> dict[str, Any]:
+    return {"all": slim_pod(body)}
+
+
+@kopf.on.event("pods", when=lambda body, **_: requests_gpus(body))
+def pod_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+    op = STATE.get("op")
+    if op is None:
+        return
+    key = job_of(body)
+    if key is not None:
+        op.wake(key)
+    phase = body.get("status", {}).get("phase")
+    if type == "DELETED" or phase in ("Succeeded", "Failed") or body.get("metadata", {}).get("deletionTimestamp"):
+        op.wake_all()  # GPUs are being freed: waiting jobs may fit now
+
+
+@kopf.on.event("nodes")
+def node_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+    op = STATE.get("op")
+    if op is None:
+        return
+    slim = slim_node(body)
+    name = str(slim["metadata"]["name"])
+    ready = tuple(c.get("status") for c in slim["status"]["conditions"])
+    seen = (type == "DELETED", ready, slim["spec"]["unschedulable"], len(slim["spec"]["taints"]),
+            repr(sorted(slim["status"]["allocatable"].items())), repr(sorted(slim["metadata"]["labels"].items())))
+    if _NODE_SEEN.get(name) != seen:
+        _NODE_SEEN[name] = seen
+        op.wake_all()
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=2.0)
+async def job_daemon(
+    name: str, namespace: str | None, body: kopf.Body, stopped: kopf.DaemonStopped, **kwargs: Any,
+) -> None:
+    pods: kopf.Index[str, Any] = kwargs["gpu_pods_index"]  # kopf passes indexes by their names
+    nodes: kopf.Index[str, Any] = kwargs["nodes_index"]
+    await JobLoop(_operator(), (namespace or "default", name), body).run(stopped, pods, nodes)
+
+
+def _run(args: argparse.Namespace) -> int:
+    global SETTINGS
+    SETTINGS = Settings.from_env().with_args(args)
+    logging.basicConfig(
+        level=logging.DEBUG if SETTINGS.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    liveness = f"http://0.0.0.0:{SETTINGS.health_port}/healthz" if SETTINGS.health_port else None
+    asyncio.run(kopf.operator(
+        clusterwide=SETTINGS.cluster_wide,
+        namespaces=list(SETTINGS.namespaces),
+        standalone=SETTINGS.standalone,
+        peering_name=SETTINGS.peering or None,
+        liveness_endpoint=liveness,
+    ))
+    return 0
+
+
+def add_run_parser(subparsers: Any) -> None:
+    """`topotrain run`: registered by topotrain.cli."""
+    parser = subparsers.add_parser(
+        "run", help="run the operator (kopf) against $KUBECONFIG or the in-cluster API",
+        description="Run the topotrain operator. Flags override TOPOTRAIN_* environment variables.",
+    )
+    add_arguments(parser)
+    parser.set_defaults(func=_run)

@@ -1,0 +1,80 @@
+"""Prometheus metrics of the operator (served on :9090/metrics by default).
+
+| metric | type | labels | meaning |
+|---|---|---|---|
+| topotrain_jobs | gauge | phase | TrainingJobs by phase |
+| topotrain_restarts_total | counter | reason | gang restarts by failure reason |
+| topotrain_resizes_total | counter | direction | elastic shrinks and grows |
+| topotrain_recovery_seconds | histogram | | failure detected -> all replacement pods Running |
+| topotrain_placement_cost | gauge | namespace, job | communication cost of the current placement |
+| topotrain_reconcile_seconds | histogram | | duration of one reconcile pass |
+| topotrain_checkpoint_age_seconds | gauge | namespace, job | age of the latest committed checkpoint |
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from topotrain.status import PHASES
+
+RECOVERY_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 30, 60, 120, 300, 600)
+RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+class Metrics:
+    """All of the operator's metrics, in their own registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.jobs = Gauge("topotrain_jobs", "TrainingJobs by phase", ["phase"], registry=r)
+        self.restarts = Counter(
+            "topotrain_restarts", "Gang restarts by failure reason", ["reason"], registry=r
+        )
+        self.resizes = Counter(
+            "topotrain_resizes", "Elastic resizes of the data degree", ["direction"], registry=r
+        )
+        self.recovery = Histogram(
+            "topotrain_recovery_seconds",
+            "Failure detected -> all replacement pods Running", buckets=RECOVERY_BUCKETS, registry=r,
+        )
+        self.placement_cost = Gauge(
+            "topotrain_placement_cost", "Communication cost of the current placement",
+            ["namespace", "job"], registry=r,
+        )
+        self.reconcile = Histogram(
+            "topotrain_reconcile_seconds", "Duration of one reconcile pass",
+            buckets=RECONCILE_BUCKETS, registry=r,
+        )
+        self.checkpoint_age = Gauge(
+            "topotrain_checkpoint_age_seconds", "Age of the latest committed checkpoint",
+            ["namespace", "job"], registry=r,
+        )
+        self._phases: dict[tuple[str, str], str] = {}
+        for phase in PHASES:
+            self.jobs.labels(phase).set(0)
+
+    def job_phase(self, namespace: str, job: str, phase: str | None) -> None:
+        """Record a job's phase (None: the job is gone)."""
+        key = (namespace, job)
+        if phase is None:
+            self._phases.pop(key, None)
+            for gauge in (self.placement_cost, self.checkpoint_age):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(namespace, job)
+        else:
+            self._phases[key] = phase
+        counts: dict[str, int] = dict.fromkeys(PHASES, 0)
+        for value in self._phases.values():
+            counts[value] = counts.get(value, 0) + 1
+        for name, count in counts.items():
+            self.jobs.labels(name).set(count)
+
+    def serve(self, port: int) -> None:
+        if port:
+            start_http_server(port, registry=self.registry)
+
+
+METRICS = Metrics()
