@@ -73,38 +73,112 @@ class Tree:
         return Tree(self.index, list(self.slots), self.k, self.clique_nodes, self.rack_cliques, self.block_racks)
 
 
-def pick(children: Sequence[int], cap: Callable[[int], int], need: int) -> list[tuple[int, int]] | None:
-    """Kueue-style best fit: the smallest child that fits, else fewest children (largest first,
-    the last one the best fit for the remainder)."""
+@dataclass(frozen=True)
+class Selection:
+    """How domains are chosen. Kueue's BestFit: the least spare capacity. `fewest`: among
+    domains that fit, the one needing the fewest sub-domains first. `balanced`: spread the
+    units evenly over the chosen sub-domains instead of filling the largest first."""
+
+    fewest: bool = False
+    balanced: bool = False
+    roomy: bool = False  # among equally few sub-domains, the largest (room to balance)
+
+
+KUEUE = Selection()
+SELECTIONS = (
+    Selection(fewest=True), Selection(fewest=True, balanced=True), Selection(fewest=True, balanced=True, roomy=True), KUEUE,
+)
+
+
+def pick(
+    children: Sequence[int], cap: Callable[[int], int], need: int, how: Selection = KUEUE,
+    span: Callable[[int, int], tuple[int, ...]] | None = None,
+) -> list[tuple[int, int]] | None:
+    """Best fit: the smallest child that fits, else fewest children (largest first, the last
+    one the best fit for the remainder)."""
     caps = {c: cap(c) for c in children}
     fitting = [c for c in children if caps[c] >= need]
     if fitting:
-        return [(min(fitting, key=lambda c: (caps[c], c)), need)]
+        spans = {c: span(c, need) if how.fewest and span else () for c in fitting}
+        sign = -1 if how.roomy else 1
+        return [(min(fitting, key=lambda c: (spans[c], sign * caps[c], c)), need)]
     chosen: list[tuple[int, int]] = []
     used: set[int] = set()
     remaining = need
-    for child in sorted(children, key=lambda c: (-caps[c], c)):
+    def order(c: int) -> tuple[object, ...]:
+        return (-caps[c], span(c, min(caps[c], need)) if how.fewest and span else (), c)
+
+    for child in sorted(children, key=order):
         if caps[child] <= 0:
             break
         if caps[child] >= remaining:
-            tail = min((c for c in children if c not in used and caps[c] >= remaining), key=lambda c: (caps[c], c))
+            rest = [c for c in children if c not in used and caps[c] >= remaining]
+            tail_span = {c: span(c, remaining) if how.fewest and span else () for c in rest}
+            tail = child if how.balanced else min(rest, key=lambda c: (tail_span[c], caps[c], c))
             chosen.append((tail, remaining))
-            return chosen
+            return _balance(chosen, caps, need) if how.balanced else chosen
         chosen.append((child, caps[child]))
         used.add(child)
         remaining -= caps[child]
     return None
 
 
-def select(tree: Tree, need: int) -> list[tuple[int, int]] | None:
-    """Ordered (clique, units) covering `need` units with the fewest, best-fitting domains."""
+def _balance(chosen: list[tuple[int, int]], caps: dict[int, int], need: int) -> list[tuple[int, int]]:
+    """Water-fill `need` over the chosen children as evenly as their capacities allow."""
+    give: dict[int, int] = {}
+    remaining = need
+    ascending = sorted((c for c, _ in chosen), key=lambda c: (caps[c], c))
+    for i, child in enumerate(ascending):
+        share = -(-remaining // (len(ascending) - i))
+        give[child] = min(caps[child], share)
+        remaining -= give[child]
+    return [(c, give[c]) for c, _ in chosen]
+
+
+def _count_needed(caps: list[int], need: int) -> tuple[int, int]:
+    """Children needed, largest first, to hold `need`, and minus their capacity (roomier first)."""
+    for count, total in enumerate(_running(sorted(caps, reverse=True)), start=1):
+        if total >= need:
+            return count, -total
+    return len(caps) + 1, 0
+
+
+def _running(values: list[int]) -> list[int]:
+    out, total = [], 0
+    for v in values:
+        total += v
+        out.append(total)
+    return out
+
+
+def select(tree: Tree, need: int, how: Selection = KUEUE) -> list[tuple[int, int]] | None:
+    """Ordered (clique, units) covering `need` units: the lowest level at which one domain
+    fits decides (as in Kueue), else the fewest blocks, racks and cliques."""
+
+    def rack_span(rack: int, n: int) -> tuple[int, ...]:
+        count, room = _count_needed([tree.clique_cap(c) for c in tree.rack_cliques[rack]], n)
+        return (count, room) if how.roomy else (count,)
+
+    def block_span(block: int, n: int) -> tuple[int, ...]:
+        racks = tree.block_racks[block]
+        cliques = [tree.clique_cap(c) for r in racks for c in tree.rack_cliques[r]]
+        count, room = _count_needed([tree.rack_cap(r) for r in racks], n)
+        return (count, _count_needed(cliques, n)[0], room if how.roomy else 0)
+
+    cliques = [c for c in tree.clique_nodes if tree.clique_cap(c) >= need]
+    if cliques:
+        return [(min(cliques, key=lambda c: (tree.clique_cap(c), c)), need)]
+    all_racks = [r for racks in tree.block_racks.values() for r in racks]
+    if any(tree.rack_cap(r) >= need for r in all_racks):
+        ((rack, _),) = pick(all_racks, tree.rack_cap, need, how, rack_span) or [(-1, 0)]
+        return pick(tree.rack_cliques[rack], tree.clique_cap, need, how)
     out: list[tuple[int, int]] = []
-    blocks = pick(list(tree.block_racks), tree.block_cap, need)
+    blocks = pick(list(tree.block_racks), tree.block_cap, need, how, block_span)
     if blocks is None:
         return None
     for block, in_block in blocks:
-        for rack, in_rack in pick(tree.block_racks[block], tree.rack_cap, in_block) or []:
-            out.extend(pick(tree.rack_cliques[rack], tree.clique_cap, in_rack) or [])
+        for rack, in_rack in pick(tree.block_racks[block], tree.rack_cap, in_block, how, rack_span) or []:
+            out.extend(pick(tree.rack_cliques[rack], tree.clique_cap, in_rack, how) or [])
     return out
 
 

@@ -129,16 +129,19 @@ def _place_mesh(mesh: Mesh, view: PoolView, optimise: bool) -> tuple[list[int] |
     if tree.total_cap() < units:
         return None, capacity_reason(view.name, view.index, mesh), ""
     racked = any(len(g) > mesh.unit_size for g in mesh.rack_units)
-    chosen = None if racked else fill_mod.select(tree, units)
-    targets = _targets(tree, chosen)
+    selections: list[list[tuple[int, int]] | None] = [None]
+    if not racked:
+        found = [fill_mod.select(tree, units, how) for how in fill_mod.SELECTIONS[: 1 if not optimise else None]]
+        selections = [s for i, s in enumerate(found) if s is not None and s not in found[:i]]
     candidates: list[tuple[str, list[int]]] = []
-    for name, key in orders.candidate_keys(mesh, targets):
-        order = orders.unit_order(mesh, key)
-        assign = fill_mod.fill_racked(tree, mesh, order) if racked else fill_mod.fill_sequence(tree, mesh, order, chosen or [])
-        if fill_mod.placed(assign) and assign is not None:
-            candidates.append((name, assign))
-            if not optimise:
-                return assign, "", name
+    for number, chosen in enumerate(selections):
+        for name, key in orders.candidate_keys(mesh, _targets(tree, chosen)):
+            order = orders.unit_order(mesh, key)
+            assign = fill_mod.fill_racked(tree, mesh, order) if chosen is None else fill_mod.fill_sequence(tree, mesh, order, chosen)
+            if fill_mod.placed(assign) and assign is not None:
+                candidates.append((f"{name}@{number}", assign))
+                if not optimise:
+                    return assign, "", name
     if not candidates:
         return None, racked_reason(view.name, tree, mesh), ""
     baseline = bestfit_assign(mesh, view.index)
@@ -155,7 +158,11 @@ def _best(
         key=lambda c: (evaluate(mesh, view.index, c[1]).total, _frag_key(mesh, view, c[1]), c[0]),
     )
     small = len(mesh.tp_units) * len(tree.clique_nodes) <= FULL_NEIGHBOURHOOD
-    starts = scored[:3] if small else scored[:1]
+    distinct: list[tuple[str, list[int]]] = []
+    for name, assign in scored:
+        if all(assign != other for _, other in distinct):
+            distinct.append((name, assign))
+    starts = distinct[:8] if small else distinct[:1]
     best_assign, best_name, best_key = scored[0][1], scored[0][0], None
     for name, assign in starts:
         left = tree.copy()

@@ -16,6 +16,7 @@ from topotrain.placement.request import Mesh
 
 FULL_NEIGHBOURHOOD = 600  # units x cliques at or below which every move is tried
 NEAR_CLIQUES = 24
+PAIR_NEIGHBOURHOOD = 64  # units x cliques at or below which pairs of moves are tried
 
 
 class LocalSearch:
@@ -91,6 +92,16 @@ class LocalSearch:
 
     def _relocate(self, u: int, clique: int) -> bool:
         self.evals += 1
+        moved = self._apply(u, clique)
+        if moved is None:
+            return False
+        if moved[0] < 0:
+            return True
+        self._undo(u, moved[1])
+        return False
+
+    def _apply(self, u: int, clique: int) -> tuple[int, list[int]] | None:
+        """Relocate unit u into `clique`: (cost change, its old nodes), or None without room."""
         old_nodes = [self.state.assign[p] for p in self.units[u]]
         for node in old_nodes:
             self.tree.slots[node] += 1
@@ -98,18 +109,47 @@ class LocalSearch:
         if not taken:
             for node in old_nodes:
                 self.tree.slots[node] -= 1
-            return False
-        new_nodes = taken[0]
-        delta = sum(self.state.move(p, n) for p, n in zip(self.units[u], new_nodes, strict=True))
-        if delta < 0:
-            self._moved(u, clique)
-            return True
+            return None
+        delta = sum(self.state.move(p, n) for p, n in zip(self.units[u], taken[0], strict=True))
+        self._moved(u, clique)
+        return delta, old_nodes
+
+    def _undo(self, u: int, old_nodes: list[int]) -> None:
         for p, n in zip(self.units[u], old_nodes, strict=True):
+            self.tree.slots[self.state.assign[p]] += 1
             self.state.move(p, n)
-        for node in new_nodes:
-            self.tree.slots[node] += 1
-        for node in old_nodes:
-            self.tree.slots[node] -= 1
+            self.tree.slots[n] -= 1
+        self._moved(u, self.index.clique[old_nodes[0]])
+
+    def pair_pass(self) -> bool:
+        """Relocate two units at once (tiny gangs only): escapes single-move local optima."""
+        cliques = sorted(self.tree.clique_nodes)
+        for u in range(len(self.units)):
+            for c1 in cliques:
+                if c1 == self.clique_of_unit[u] or not self._may_enter(u, c1):
+                    continue
+                first = self._apply(u, c1)
+                if first is None:
+                    continue
+                if self._second(u, first[0], cliques):
+                    return True
+                self._undo(u, first[1])
+        return False
+
+    def _second(self, u: int, delta: int, cliques: list[int]) -> bool:
+        for v in range(len(self.units)):
+            if v == u:
+                continue
+            for c2 in cliques:
+                if c2 == self.clique_of_unit[v] or not self._may_enter(v, c2):
+                    continue
+                self.evals += 1
+                second = self._apply(v, c2)
+                if second is None:
+                    continue
+                if delta + second[0] < 0:
+                    return True
+                self._undo(v, second[1])
         return False
 
     def _swap(self, u: int, v: int) -> bool:
@@ -137,4 +177,9 @@ class LocalSearch:
 
 def improve(mesh: Mesh, tree: Tree, state: CostState, budget: int) -> int:
     """Local search on `state` (tree.slots must be the slots left after the placement)."""
-    return LocalSearch(mesh, tree, state).run(budget)
+    search = LocalSearch(mesh, tree, state)
+    moves = search.run(budget)
+    if len(search.units) * len(tree.clique_nodes) <= PAIR_NEIGHBOURHOOD:
+        while search.evals < budget and search.pair_pass():
+            moves += 2 + search.run(budget)
+    return moves
