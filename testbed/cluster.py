@@ -59,6 +59,8 @@ class ComponentStatus:
 class Testbed:
     """One testbed rooted at `state_dir` (default `.testbed/` or $TOPOTRAIN_TESTBED_DIR)."""
 
+    __test__ = False  # not a pytest test class, despite the name
+
     def __init__(self, state_dir: Path | str | None = None) -> None:
         self.layout = Layout(Path(state_dir).resolve() if state_dir else default_state_dir())
         self.root = self.layout.root

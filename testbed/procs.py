@@ -106,12 +106,14 @@ class ManagedProcess:
         while time.monotonic() < deadline:
             _reap(pid)
             if _start_ticks(pid) is None and not _group_alive(pid):
+                _reap(pid)  # it may have exited between the first reap and the check
                 return True
             time.sleep(0.1)
         _signal_group(pid, signal.SIGKILL)
         for _ in range(50):
             _reap(pid)
             if _start_ticks(pid) is None:
+                _reap(pid)
                 break
             time.sleep(0.1)
         return True
