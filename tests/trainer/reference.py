@@ -1,0 +1,49 @@
+"""A single-process reference trainer: the plain model, no parallelism, no torch.distributed.
+
+The multi-process runs must reproduce its losses; it shares only the model, the
+data sampler and the LR schedule with the trainer, so a wrong reduction (sum
+where a mean is meant), a wrong data split or a wrong pipeline split shows up.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import torch
+from topotrain_trainer.config import TrainingConfig
+from topotrain_trainer.data import BatchLoader, TokenDataset, ensure_synthetic
+from topotrain_trainer.model import Transformer, model_config
+from topotrain_trainer.train import lr_lambda
+
+
+def reference_losses(config: TrainingConfig, steps: int | None = None) -> list[float]:
+    torch.manual_seed(config.seed)
+    model = Transformer(model_config(config.model))
+    model.init_weights()
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=config.lr,
+        betas=(0.9, 0.95),
+        weight_decay=config.weight_decay,
+        foreach=False,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(config))
+    root = Path(config.staging_dir or tempfile.mkdtemp())
+    loader = BatchLoader(TokenDataset(ensure_synthetic(root, config.seed), config.seq_len), config.seed,
+                         config.global_batch, data=1, dp_rank=0)  # fmt: skip
+    micro = config.global_batch // config.micro_batch
+    losses = []
+    for step in range(steps or config.steps):
+        inputs, targets = loader.batch_at(step * config.global_batch)
+        total = 0.0
+        for x, y in zip(inputs.chunk(micro), targets.chunk(micro), strict=True):
+            logits = model(x)
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(0, 1)) / micro
+            torch.autograd.backward(loss)
+            total += float(loss.detach())
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        losses.append(total)
+    return losses

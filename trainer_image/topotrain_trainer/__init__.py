@@ -1,0 +1,1 @@
+"""topotrain's bundled trainer: 3D-parallel Llama-style training with async S3 checkpoints."""

@@ -1,0 +1,96 @@
+"""`python -m topotrain_trainer`: train as the contract environment says.
+
+In a pod, the command is just `python -m topotrain_trainer`: outside torchrun
+(no LOCAL_RANK) it validates the configuration, then replaces itself with
+`torch.distributed.run` starting NPROC_PER_NODE local ranks, which rejoin here.
+Under torchrun it trains. `python -m topotrain_trainer prepare ...` writes a
+dataset.
+
+Exit codes: 0 when `steps` are done; 78 (EX_CONFIG) for a configuration or
+contract error, which retrying cannot fix; anything else is a failure worth a
+restart (torchrun reports a crashed rank as 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from topotrain.contract import ContractError, TrainerEnv
+
+from topotrain_trainer.config import EXIT_BAD_CONFIG, ConfigError, TrainingConfig
+
+
+def load() -> tuple[TrainerEnv, TrainingConfig]:
+    env = TrainerEnv.from_env()
+    config = TrainingConfig.from_json(env.training_config)
+    config.check_mesh(env.tensor, env.pipeline, env.data)
+    return env, config
+
+
+def torchrun_argv(env: TrainerEnv) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nnodes={env.nnodes}", f"--node-rank={env.node_rank}",
+        f"--nproc-per-node={env.nproc_per_node}",
+        f"--master-addr={env.master_addr}", f"--master-port={env.master_port}",
+        "--max-restarts=0",  # the operator restarts the whole gang from a checkpoint
+        "-m", "topotrain_trainer",
+    ]  # fmt: skip
+
+
+def prepare(argv: list[str]) -> int:
+    from topotrain_trainer.data import (
+        DEFAULT_SHARD_TOKENS,
+        byte_tokens,
+        synthetic_tokens,
+        write_dataset,
+    )
+
+    parser = argparse.ArgumentParser(prog="python -m topotrain_trainer prepare",
+                                     description="Write byte-tokenized shards + index.json for training.dataset.")  # fmt: skip
+    parser.add_argument("--out", required=True, type=Path, help="dataset directory to write")
+    parser.add_argument("texts", nargs="*", type=Path, help="UTF-8 text files to tokenize")
+    parser.add_argument(
+        "--synthetic-tokens",
+        type=int,
+        default=0,
+        help="generate this many synthetic tokens instead",
+    )
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS)
+    args = parser.parse_args(argv)
+    if bool(args.texts) == bool(args.synthetic_tokens):
+        parser.error("give text files or --synthetic-tokens, not both or neither")
+    chunks = (
+        byte_tokens(args.texts)
+        if args.texts
+        else synthetic_tokens(args.synthetic_tokens, args.seed)
+    )
+    out = write_dataset(args.out, chunks, args.shard_tokens, vocab=256)
+    print(json.dumps({"event": "prepared", "dataset": str(out)}))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["prepare"]:
+        return prepare(argv[1:])
+    try:
+        env, config = load()
+    except (ContractError, ConfigError) as err:
+        print(json.dumps({"event": "bad_config", "error": str(err)}), flush=True)
+        return EXIT_BAD_CONFIG
+    if "LOCAL_RANK" not in os.environ:
+        command = torchrun_argv(env)
+        os.execv(command[0], command)
+    from topotrain_trainer.train import train
+
+    train(env, config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,249 @@
+"""Asynchronous sharded checkpoints to S3, and restore with resharding.
+
+Saving a step:
+  1. (training stalls) `dcp.async_save` copies this rank's shards to CPU memory;
+  2. (background) DCP writes them to a rank-private staging directory on local
+     disk (`__<rank>_0.distcp`; rank 0 also writes `.metadata`), then this rank
+     uploads its files with boto3 into `<job>/step-N/`;
+  3. every rank reports success over a gloo group; rank 0 writes `COMMITTED`
+     only if all uploads finished, then applies retention.
+
+A failed upload (S3 outage) leaves `step-N` without `COMMITTED`: the operator
+never restores it, retention collects it later, and training carries on. At
+most one save is in flight; the next one waits for it.
+
+Restoring: each machine's local rank 0 downloads the step into local disk,
+then DCP loads every rank's share of it. DCP keys tensors by parameter name and
+global shape, so a different data degree (and tensor/pipeline split) reshards
+on load.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import pickle
+import random
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from topotrain.checkpoints import CheckpointStore
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.distributed.checkpoint.stateful import Stateful
+
+log = logging.getLogger("topotrain_trainer.checkpoint")
+
+
+class Progress:
+    """Where training stands: optimizer steps taken and global samples consumed."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.consumed_samples = 0
+
+
+class AppState(Stateful):
+    """Everything an exact resume needs, as one DCP-stateful object."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        progress: Progress,
+    ) -> None:
+        self.model, self.optimizer, self.scheduler, self.progress = (
+            model,
+            optimizer,
+            scheduler,
+            progress,
+        )
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.load_rng = True  # set False when the saved mesh differs (RNG streams are per rank)
+
+    def state_dict(self) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state: dict[str, Any] = {
+            "model": model_sd,
+            "optim": optim_sd,
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.progress.step,
+            "consumed_samples": self.progress.consumed_samples,
+        }
+        if self.load_rng:
+            state[f"rng_rank{self.rank}"] = _rng_state()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+        )
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.progress.step = int(state["step"])
+        self.progress.consumed_samples = int(state["consumed_samples"])
+        rng = state.get(f"rng_rank{self.rank}")
+        if self.load_rng and isinstance(rng, io.BytesIO):
+            _set_rng_state(rng)
+
+
+def _rng_state() -> io.BytesIO:
+    states = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+    return io.BytesIO(pickle.dumps(states))
+
+
+def _set_rng_state(buffer: io.BytesIO) -> None:
+    buffer.seek(0)
+    states = pickle.loads(buffer.read())  # our own checkpoint, written by this trainer
+    torch.set_rng_state(states["torch"])
+    np.random.set_state(states["numpy"])
+    random.setstate(states["python"])
+
+
+class Checkpointer:
+    """Saves and restores one job's checkpoints; one instance per rank."""
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        staging: Path,
+        mesh_sizes: dict[str, int],
+        keep: int,
+        on_event: Callable[[dict[str, Any]], None] = lambda _: None,
+    ) -> None:
+        self.store = store
+        self.staging = staging
+        self.mesh_sizes = mesh_sizes
+        self.keep = keep
+        self.on_event = on_event
+        self.rank = dist.get_rank()
+        # A separate gloo group: checkpoint collectives run on background threads
+        # and must not interleave with training collectives.
+        self.group = dist.new_group(backend="gloo")
+        self._inflight: threading.Thread | None = None
+
+    def save(self, step: int, app: AppState, *, blocking: bool = False) -> float:
+        """Start saving `step`; returns the seconds training was stalled."""
+        started = time.perf_counter()
+        self.wait()
+        local = self.staging / f"step-{step:010d}" / f"rank-{self.rank:05d}"
+        shutil.rmtree(local, ignore_errors=True)
+        writer = FileSystemWriter(local, single_file_per_rank=True, overwrite=True)
+        if blocking:
+            done: Future[Any] = Future()
+            try:
+                dcp_save({"app": app}, storage_writer=writer, process_group=self.group)
+                done.set_result(None)
+            except Exception as err:  # reported as a failed checkpoint, like an async one
+                done.set_exception(err)
+            self._finish(step, done, local)
+        else:
+            future = dcp_async_save({"app": app}, storage_writer=writer, process_group=self.group)
+            assert isinstance(future, Future)
+            self._inflight = threading.Thread(
+                target=self._finish,
+                args=(step, future, local),
+                name=f"topotrain-ckpt-{step}",
+                daemon=True,
+            )
+            self._inflight.start()
+        return time.perf_counter() - started
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) has committed or failed."""
+        if self._inflight is not None:
+            self._inflight.join()
+            self._inflight = None
+
+    def _finish(self, step: int, future: Future[Any], local: Path) -> None:
+        """Upload this rank's files, agree with all ranks, and let rank 0 commit."""
+        began = time.perf_counter()
+        uploaded, error = 0, ""
+        try:
+            future.result()
+            for path in sorted(p for p in local.iterdir() if p.is_file()):
+                self.store.upload_file(step, path.name, path)
+                uploaded += path.stat().st_size
+        except Exception as err:
+            error = f"{type(err).__name__}: {err}"
+        finally:
+            shutil.rmtree(local, ignore_errors=True)
+        reports: list[Any] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(reports, (uploaded, error), group=self.group)
+        if self.rank != 0:
+            return
+        failures = [f"rank {r}: {e}" for r, (_, e) in enumerate(reports) if e]
+        total = sum(int(b) for b, _ in reports)
+        seconds = time.perf_counter() - began
+        if not failures:
+            try:
+                self.store.write_commit(step, self.mesh_sizes, total)
+                deleted = self.store.apply_retention(self.keep)
+                self.on_event({"event": "checkpoint_committed", "step": step, "bytes": total,
+                               "upload_seconds": round(seconds, 3), "deleted": deleted})  # fmt: skip
+                return
+            except Exception as err:
+                failures.append(f"commit: {type(err).__name__}: {err}")
+        self.on_event({"event": "checkpoint_failed", "step": step, "errors": failures[:4]})
+
+    def restore(self, step: int, app: AppState) -> None:
+        """Load committed `step` into `app`, resharding onto the current mesh."""
+        commit = self.store.read_commit(step)
+        if commit is None:
+            raise FileNotFoundError(f"{self.store.step_uri(step)} has no COMMITTED marker")
+        app.load_rng = dict(commit.mesh) == self.mesh_sizes
+        local = self.staging / f"restore-{step:010d}"
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0 and not local.exists():
+            partial = local.with_name(local.name + f".{os.getpid()}")
+            shutil.rmtree(partial, ignore_errors=True)
+            self.store.download_step(step, partial)
+            partial.replace(local)
+        dist.barrier(group=self.group)
+        dcp_load({"app": app}, storage_reader=FileSystemReader(local), process_group=self.group)
+        dist.barrier(group=self.group)
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            shutil.rmtree(local, ignore_errors=True)
+
+
+class Heartbeat:
+    """Writes progress.json from rank 0 on a background thread; a slow S3 never stalls training."""
+
+    def __init__(self, store: CheckpointStore, attempt: int) -> None:
+        self.store, self.attempt = store, attempt
+        self._thread: threading.Thread | None = None
+
+    def beat(self, step: int) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return  # the previous write is still retrying; skip this one
+
+        def write() -> None:
+            try:
+                self.store.write_progress(step, self.attempt)
+            except Exception as err:
+                log.warning("progress heartbeat at step %d failed: %s", step, err)
+
+        self._thread = threading.Thread(target=write, name="topotrain-heartbeat", daemon=True)
+        self._thread.start()
+
+    def flush(self) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout=60)

@@ -1,0 +1,120 @@
+"""The trainer's configuration: `spec.training` of a TrainingJob, as JSON in
+TOPOTRAIN_TRAINING_CONFIG, validated against the mesh the operator chose.
+
+An invalid configuration is not worth retrying: the trainer exits with
+EXIT_BAD_CONFIG (78, sysexits' EX_CONFIG) so the operator can tell it apart.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from typing import Any
+
+from topotrain_trainer.model import MODEL_CONFIGS
+
+EXIT_BAD_CONFIG = 78
+SCHEDULES = ("1f1b", "gpipe")
+PRECISIONS = ("auto", "bf16", "fp32")
+
+
+class ConfigError(ValueError):
+    """spec.training (or its combination with the mesh) cannot be trained."""
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    model: str = "tiny"  # a name in model.MODEL_CONFIGS
+    seq_len: int = 64
+    global_batch: int = 16  # samples per optimizer step, fixed whatever the data degree
+    micro_batch: int = 2  # samples per forward/backward on one rank
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1  # cosine decay floor, as a fraction of lr
+    warmup_steps: int = 10
+    weight_decay: float = 0.1
+    steps: int = 100
+    seed: int = 1234
+    dataset: str = "synthetic"  # a directory made by `prepare`, or "synthetic"
+    schedule: str = "1f1b"  # pipeline schedule: 1f1b | gpipe
+    precision: str = "auto"  # auto: bf16 on cuda, fp32 on cpu
+    activation_checkpointing: bool = False
+    progress_every: int = 10  # steps between progress.json heartbeats and log lines
+    metrics_port: int = 9400  # Prometheus port of local rank 0; 0 disables
+    staging_dir: str = ""  # local disk for checkpoint staging; default: the temp dir
+    sync_checkpoint: bool = False  # block training for the whole save (the baseline)
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainingConfig:
+        try:
+            raw = json.loads(text or "{}")
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"training config is not JSON: {err}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError("training config must be a JSON object")
+        return cls.from_mapping(raw)
+
+    @classmethod
+    def from_mapping(cls, raw: dict[str, Any]) -> TrainingConfig:
+        known = {f.name: f for f in fields(cls)}
+        # Accept camelCase too (seqLen), as a Kubernetes manifest would spell it.
+        normalized = {_snake(k): v for k, v in raw.items()}
+        unknown = sorted(set(normalized) - set(known))
+        if unknown:
+            raise ConfigError(f"unknown training config keys {unknown}; known: {sorted(known)}")
+        values: dict[str, Any] = {}
+        for name, value in normalized.items():
+            default = getattr(cls, name)
+            kind = type(default)
+            if kind is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise ConfigError(f"training.{name}={value!r}: must be {kind.__name__}")
+            values[name] = value
+        config = cls(**values)
+        config.check_values()
+        return config
+
+    def check_values(self) -> None:
+        if self.model not in MODEL_CONFIGS:
+            raise ConfigError(f"training.model={self.model!r}: one of {sorted(MODEL_CONFIGS)}")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"training.schedule={self.schedule!r}: one of {SCHEDULES}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"training.precision={self.precision!r}: one of {PRECISIONS}")
+        for name in ("seq_len", "global_batch", "micro_batch", "steps", "progress_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"training.{name}={getattr(self, name)}: must be >= 1")
+        if self.lr <= 0:
+            raise ConfigError(f"training.lr={self.lr}: must be > 0")
+
+    def check_mesh(self, tensor: int, pipeline: int, data: int) -> None:
+        """Reject what cannot run on this (tp, pp, dp) mesh, naming the rule."""
+        model = MODEL_CONFIGS[self.model]
+        per_step = self.micro_batch * data
+        if self.global_batch % per_step:
+            raise ConfigError(
+                f"training.globalBatch={self.global_batch} must be a multiple of "
+                f"microBatch*data={self.micro_batch}*{data}"
+            )
+        if model.n_heads % tensor or model.n_kv_heads % tensor or model.ffn_dim % tensor:
+            raise ConfigError(
+                f"tensor={tensor} must divide the heads ({model.n_heads}), kv heads "
+                f"({model.n_kv_heads}) and ffn width ({model.ffn_dim}) of model {self.model}"
+            )
+        if pipeline > model.n_layers:
+            raise ConfigError(
+                f"pipeline={pipeline} exceeds the {model.n_layers} layers of {self.model}"
+            )
+        if pipeline > 1 and self.schedule == "1f1b" and self.microbatches(data) < pipeline:
+            raise ConfigError(
+                f"1F1B needs at least pipeline={pipeline} microbatches per step; "
+                f"globalBatch/(microBatch*data)={self.microbatches(data)}"
+            )
+
+    def microbatches(self, data: int) -> int:
+        """Gradient-accumulation steps per rank: keeps the global batch fixed as dp changes."""
+        return self.global_batch // (self.micro_batch * data)
+
+
+def _snake(key: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in key)

@@ -1,0 +1,185 @@
+"""3D parallelism with torch's own building blocks.
+
+The `DeviceMesh` follows the contract's rank order (innermost first): for
+`tp-pp-dp` the global rank is `(dp*PP + pp)*TP + tp`, i.e. a row-major mesh of
+shape (dp, pp, tp). A rank's pipeline stage is the full model with the layers
+it does not own deleted (`Transformer.keep_stage`), then tensor-parallelised
+with DTensor, wrapped with activation checkpointing, and sharded over dp with
+FSDP2, in that order (as torchtitan does).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    parallelize_module,
+)
+
+from topotrain_trainer.model import ModelConfig, Transformer
+
+# Models up to this size are built whole on the CPU from the seed, so every mesh
+# starts from bit-identical weights; larger ones are built per stage on "meta".
+FULL_INIT_MAX_PARAMS = 2_000_000_000
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """This rank's place in the (tp, pp, dp) mesh, and the groups to talk over."""
+
+    device_mesh: DeviceMesh
+    device: torch.device
+    tensor: int
+    pipeline: int
+    data: int
+    tp_rank: int
+    pp_rank: int
+    dp_rank: int
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pipeline - 1
+
+    def sizes(self) -> dict[str, int]:
+        return {"tensor": self.tensor, "pipeline": self.pipeline, "data": self.data}
+
+
+def init_distributed() -> torch.device:
+    """Join the job's process group: cuda+nccl when GPUs exist, cpu+gloo otherwise."""
+    if torch.cuda.is_available():
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        backend = "cpu:gloo,cuda:nccl"  # gloo too: async checkpoint collectives run on CPU
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    return device
+
+
+def build_mesh(device: torch.device, tensor: int, pipeline: int, data: int, order: str) -> Mesh:
+    """A mesh whose rank layout is exactly the contract's `rank_coords`."""
+    if order == "tp-pp-dp":
+        shape, names = (data, pipeline, tensor), ("dp", "pp", "tp")
+    elif order == "tp-dp-pp":
+        shape, names = (pipeline, data, tensor), ("pp", "dp", "tp")
+    else:
+        raise ValueError(f"unknown rank order {order!r}")
+    device_mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
+    return Mesh(
+        device_mesh=device_mesh,
+        device=device,
+        tensor=tensor,
+        pipeline=pipeline,
+        data=data,
+        tp_rank=device_mesh["tp"].get_local_rank(),
+        pp_rank=device_mesh["pp"].get_local_rank(),
+        dp_rank=device_mesh["dp"].get_local_rank(),
+    )
+
+
+def build_stage(
+    config: ModelConfig,
+    mesh: Mesh,
+    *,
+    seed: int,
+    bf16: bool,
+    activation_checkpointing: bool,
+) -> Transformer:
+    """This rank's pipeline stage, parallelised and initialised from `seed`."""
+    on_meta = config.num_params() > FULL_INIT_MAX_PARAMS
+    if on_meta:
+        with torch.device("meta"):
+            model = Transformer(config)
+    else:
+        torch.manual_seed(seed)
+        model = Transformer(config)
+        model.init_weights()
+    model.keep_stage(mesh.pp_rank, mesh.pipeline)
+    if not on_meta:
+        model.to(mesh.device)
+    parallelize(model, mesh, bf16=bf16, activation_checkpointing=activation_checkpointing)
+    if on_meta:
+        model.to_empty(device=mesh.device)
+        torch.manual_seed(seed + mesh.pp_rank)
+        model.init_weights()
+    return model
+
+
+def parallelize(
+    model: Transformer, mesh: Mesh, *, bf16: bool, activation_checkpointing: bool
+) -> None:
+    # 1. Tensor parallel: Megatron-style column/row pairs, so each block needs one
+    #    all-reduce in attention and one in the MLP.
+    if mesh.tensor > 1:
+        parallelize_module(model, mesh.device_mesh["tp"], tensor_parallel_plan(model))
+    # 2. Activation checkpointing per block (inside the FSDP unit, as torchtitan does).
+    for block in model.layers.values():
+        block.activation_checkpointing = activation_checkpointing  # type: ignore[assignment]
+    # 3. FSDP2 over dp: each block is one all-gather/reduce-scatter unit. With a
+    #    pipeline, keep parameters gathered across the microbatches of a step.
+    policy = MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16 if bf16 else torch.float32, reduce_dtype=torch.float32
+    )
+    dp_mesh = mesh.device_mesh["dp"]
+    reshard = mesh.pipeline == 1
+    for block in model.layers.values():
+        fully_shard(block, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard)
+    fully_shard(model, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard)
+
+
+def tensor_parallel_plan(model: Transformer) -> dict[str, ParallelStyle]:
+    plan: dict[str, ParallelStyle] = {}
+    if model.tok_embeddings is not None:
+        plan["tok_embeddings"] = RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Replicate()
+        )
+    if model.output is not None:
+        plan["output"] = ColwiseParallel(output_layouts=Replicate())
+    for name in model.layers:
+        for column in (
+            "attention.wq",
+            "attention.wk",
+            "attention.wv",
+            "feed_forward.w1",
+            "feed_forward.w3",
+        ):
+            plan[f"layers.{name}.{column}"] = ColwiseParallel()
+        for row in ("attention.wo", "feed_forward.w2"):
+            plan[f"layers.{name}.{row}"] = RowwiseParallel()
+    return plan
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean token loss of one microbatch (averaged again over microbatches and dp)."""
+    return nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
+
+
+def build_schedule(
+    model: Transformer, mesh: Mesh, schedule: str, microbatches: int
+) -> PipelineScheduleSingle:
+    stage = PipelineStage(
+        model, mesh.pp_rank, mesh.pipeline, mesh.device, group=mesh.device_mesh["pp"].get_group()
+    )
+    kind: Any = Schedule1F1B if schedule == "1f1b" else ScheduleGPipe
+    built: PipelineScheduleSingle = kind(stage, n_microbatches=microbatches, loss_fn=cross_entropy)
+    return built

@@ -1,0 +1,198 @@
+"""The training loop, and the setup that builds what it needs from the contract."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from topotrain.checkpoints import CheckpointStore
+from topotrain.contract import TrainerEnv
+from torch.optim.lr_scheduler import LambdaLR
+
+from topotrain_trainer.checkpoint import AppState, Checkpointer, Heartbeat, Progress
+from topotrain_trainer.config import TrainingConfig
+from topotrain_trainer.data import BatchLoader, TokenDataset, ensure_synthetic
+from topotrain_trainer.metrics import Metrics
+from topotrain_trainer.model import model_config
+from topotrain_trainer.parallel import (
+    Mesh,
+    build_mesh,
+    build_schedule,
+    build_stage,
+    cross_entropy,
+    init_distributed,
+)
+
+
+def train(env: TrainerEnv, config: TrainingConfig) -> None:
+    job = Job.setup(env, config)
+    progress, tokens = job.progress, config.global_batch * config.seq_len
+    job.loader.start(progress.consumed_samples)
+    while progress.step < config.steps:
+        started = time.perf_counter()
+        inputs, targets = job.loader.next(progress.consumed_samples)
+        loss = job.train_step(inputs, targets)
+        progress.step += 1
+        progress.consumed_samples += config.global_batch
+        due = progress.step % config.progress_every == 0 or progress.step == config.steps
+        job.metrics.step(progress.step, loss, time.perf_counter() - started, tokens, log=due)
+        if job.heartbeat is not None and due:
+            job.heartbeat.beat(progress.step)
+        if job.checkpointer is not None and job.interval and progress.step % job.interval == 0:
+            stall = job.checkpointer.save(progress.step, job.app, blocking=config.sync_checkpoint)
+            job.metrics.checkpoint_stall(progress.step, stall, config.sync_checkpoint)
+    job.close()
+
+
+def lr_lambda(config: TrainingConfig) -> LrSchedule:
+    return LrSchedule(config.warmup_steps, config.steps, config.min_lr_ratio)
+
+
+@dataclass(frozen=True)
+class LrSchedule:
+    """Linear warmup, then cosine decay to `floor` of the peak; a pure function of the step."""
+
+    warmup: int
+    total: int
+    floor: float
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        span = max(1, self.total - self.warmup)
+        cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, (step - self.warmup) / span)))
+        return self.floor + (1 - self.floor) * cosine
+
+
+def make_optimizer(
+    model: torch.nn.Module, config: TrainingConfig
+) -> tuple[torch.optim.AdamW, LambdaLR]:
+    # foreach=False: parameters live on different meshes (dp-only norms, dp x tp linears).
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=config.lr,
+        betas=(0.9, 0.95),
+        weight_decay=config.weight_decay,
+        foreach=False,
+    )
+    return optimizer, LambdaLR(optimizer, lr_lambda(config))
+
+
+class Job:
+    """One rank's model stage, optimizer, data and checkpointing."""
+
+    def __init__(self, env: TrainerEnv, config: TrainingConfig, mesh: Mesh) -> None:
+        self.env, self.config, self.mesh = env, config, mesh
+        bf16 = config.precision == "bf16" or (
+            config.precision == "auto" and mesh.device.type == "cuda"
+        )
+        self.model = build_stage(
+            model_config(config.model), mesh, seed=config.seed, bf16=bf16,
+            activation_checkpointing=config.activation_checkpointing,
+        )  # fmt: skip
+        self.microbatches = config.microbatches(mesh.data)
+        self.schedule = (
+            build_schedule(self.model, mesh, config.schedule, self.microbatches)
+            if mesh.pipeline > 1
+            else None
+        )
+        self.optimizer, self.scheduler = make_optimizer(self.model, config)
+        self.progress = Progress()
+        self.app = AppState(self.model, self.optimizer, self.scheduler, self.progress)
+        rank = dist.get_rank()
+        self.metrics = Metrics(rank, int(os.environ.get("LOCAL_RANK", "0")), config.metrics_port)
+        staging = (
+            Path(config.staging_dir or tempfile.gettempdir()) / f"topotrain-{env.job_name or 'job'}"
+        )
+        staging.mkdir(parents=True, exist_ok=True)
+        self.loader = BatchLoader(
+            TokenDataset(dataset_path(config, staging), config.seq_len),
+            config.seed, config.global_batch, mesh.data, mesh.dp_rank,
+        )  # fmt: skip
+        self.checkpointer: Checkpointer | None = None
+        self.heartbeat: Heartbeat | None = None
+        self.interval = env.checkpoint_interval
+        if env.checkpoint_uri:
+            store = CheckpointStore(env.checkpoint_uri)
+            self.checkpointer = Checkpointer(
+                store, staging, mesh.sizes(), env.checkpoint_keep, on_event=self.metrics.emit
+            )
+            self.heartbeat = Heartbeat(store, env.attempt) if rank == 0 else None
+
+    @classmethod
+    def setup(cls, env: TrainerEnv, config: TrainingConfig) -> Job:
+        device = init_distributed()
+        mesh = build_mesh(device, env.tensor, env.pipeline, env.data, env.rank_order)
+        job = cls(env, config, mesh)
+        if env.resume_step is not None:
+            if job.checkpointer is None:
+                raise FileNotFoundError(
+                    "TOPOTRAIN_RESUME_STEP is set but TOPOTRAIN_CHECKPOINT_URI is empty"
+                )
+            job.checkpointer.restore(env.resume_step, job.app)
+            job.metrics.emit({"event": "restored", "step": job.progress.step,
+                              "consumed_samples": job.progress.consumed_samples, "mesh": mesh.sizes()})  # fmt: skip
+        return job
+
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        """One optimizer step over this rank's share of the global batch; returns the global loss."""
+        inputs, targets = inputs.to(self.mesh.device), targets.to(self.mesh.device)
+        local = torch.zeros((), dtype=torch.float64, device=self.mesh.device)
+        if self.schedule is not None:
+            losses: list[torch.Tensor] = []
+            if self.mesh.is_first_stage:
+                self.schedule.step(inputs)
+            elif self.mesh.is_last_stage:
+                self.schedule.step(target=targets, losses=losses)
+            else:
+                self.schedule.step()
+            if losses:
+                local += torch.stack([loss.detach() for loss in losses]).mean().double()
+        else:
+            for index, (x, y) in enumerate(
+                zip(inputs.chunk(self.microbatches), targets.chunk(self.microbatches), strict=True)
+            ):
+                self.model.set_requires_gradient_sync(index == self.microbatches - 1)  # type: ignore[operator]
+                loss = cross_entropy(self.model(x), y) / self.microbatches
+                torch.autograd.backward(loss)
+                local += loss.detach().double()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return self.global_loss(local)
+
+    def global_loss(self, local: torch.Tensor) -> float:
+        """Mean over the data ranks of the last stage's loss (gloo has no AVG: sum, then divide)."""
+        counted = self.mesh.is_last_stage and self.mesh.tp_rank == 0
+        total = local if counted else torch.zeros_like(local)
+        dist.all_reduce(total)
+        return float(total.item()) / self.mesh.data
+
+    def close(self) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.wait()
+        if self.heartbeat is not None:
+            self.heartbeat.beat(self.progress.step)
+            self.heartbeat.flush()
+        self.loader.stop()
+        self.metrics.emit(
+            {
+                "event": "done",
+                "step": self.progress.step,
+                "consumed_samples": self.progress.consumed_samples,
+            }
+        )
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def dataset_path(config: TrainingConfig, staging: Path) -> Path:
+    if config.dataset == "synthetic":
+        return ensure_synthetic(staging, config.seed)
+    return Path(config.dataset)
