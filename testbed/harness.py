@@ -165,9 +165,14 @@ class PodProcessHarness:
             ]
 
     def job_logs(self, namespace: str, job: str) -> list[Path]:
-        """Every log file of the job's pods, oldest run first."""
+        """Every log file of the job's pods, by attempt, then oldest run first."""
         folder = self.workdir / "logs" / namespace / job
-        return sorted(folder.glob("*.log"), key=lambda p: (p.stat().st_mtime_ns, p.name))
+
+        def order(path: Path) -> tuple[int, int, str]:
+            attempt = path.name[1:].split("-", 1)[0]
+            return (int(attempt) if attempt.isdigit() else 0, path.stat().st_mtime_ns, path.name)
+
+        return sorted(folder.glob("*.log"), key=order)
 
     def freeze(self, namespace: str, job: str) -> int:
         """SIGSTOP the processes of the job's pods (a hang: pods stay Running); returns how many."""

@@ -58,15 +58,20 @@ def _dockerfile_entrypoint(dockerfile: Path) -> list[str] | None:
     return (entrypoint + cmd) or None
 
 
-def image_entrypoint(image: str) -> list[str]:
-    """The argv an image starts with when the pod gives no command.
+IMAGE_DOCKERFILES = {"trainer": "trainer_image/Dockerfile", "operator": "operator/Dockerfile"}
+FALLBACK_ENTRYPOINTS = {
+    "trainer": ["python", "-m", "topotrain_trainer"],
+    "operator": ["topotrain", "run"],
+}
 
-    The trainer image's entrypoint is read from `trainer_image/Dockerfile`
-    (fallback: `python -m topotrain_trainer`); other images are not known.
-    """
-    if "trainer" in image.rsplit("/", 1)[-1]:
-        from_file = _dockerfile_entrypoint(REPO_ROOT / "trainer_image" / "Dockerfile")
-        return from_file or ["python", "-m", "topotrain_trainer"]
+
+def image_entrypoint(image: str) -> list[str]:
+    """The argv a topotrain image starts with when the pod gives no command: the exec-form
+    ENTRYPOINT + CMD of its Dockerfile in this repository. Other images are not known."""
+    name = image.rsplit("/", 1)[-1].split(":", 1)[0].split("@", 1)[0]
+    for kind, dockerfile in IMAGE_DOCKERFILES.items():
+        if kind in name:
+            return _dockerfile_entrypoint(REPO_ROOT / dockerfile) or FALLBACK_ENTRYPOINTS[kind]
     raise ValueError(
         f"image {image!r}: the pod sets no command and the harness knows no entrypoint for it"
     )

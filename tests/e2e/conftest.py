@@ -1,19 +1,28 @@
 """Fixtures of the end-to-end suite.
 
-`harness` runs the pods of the test's namespace that sit on KWOK nodes as
-local processes (testbed.harness: a stand-in for a kubelet's process
-execution, not a kubelet). Every test in this folder is marked `e2e`.
+Every test here runs the real stack: the Helm chart installed by helm, the
+operator as a local process with the chart's ServiceAccount token, and the
+trainer's real processes. KWOK nodes run no processes, so the pod process
+harness (testbed.harness, a stand-in for a kubelet's process execution, not
+a kubelet) runs the pods' commands locally. Every test in this folder is
+marked `e2e`.
+
+The checkpoint store is the session's S3 server (versitygw), or the one that
+TOPOTRAIN_E2E_S3_ENDPOINT / _ACCESS_KEY / _SECRET_KEY name (MinIO on kind).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from testbed.harness import PodProcessHarness
+from testbed.harness_stack import S3Target, Stack, stack_in_new_namespace
 from testbed.kube import Kube
 
 
@@ -26,7 +35,39 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture
 def harness(kube: Kube, namespace: str, tmp_path: Path) -> Iterator[PodProcessHarness]:
-    """The pod process harness for this test's namespace (processes killed at teardown)."""
+    """The pod process harness alone, for this test's namespace (processes killed at teardown)."""
     logging.getLogger("topotrain.testbed.harness").setLevel(logging.INFO)
     with PodProcessHarness(kube.kubeconfig, tmp_path / "harness", namespace=namespace) as running:
         yield running
+
+
+def _bucket_name() -> str:
+    return f"e2e-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="module")
+def s3_target(request: pytest.FixtureRequest) -> S3Target:
+    """A fresh bucket for the module's jobs, on the external S3 store if one is named."""
+    endpoint = os.environ.get("TOPOTRAIN_E2E_S3_ENDPOINT")
+    if endpoint:
+        target = S3Target(
+            endpoint,
+            os.environ["TOPOTRAIN_E2E_S3_ACCESS_KEY"],
+            os.environ["TOPOTRAIN_E2E_S3_SECRET_KEY"],
+            _bucket_name(),
+        )
+        target.client().create_bucket(Bucket=target.bucket)
+        return target
+    server = request.getfixturevalue("s3")
+    return S3Target(
+        server.endpoint, server.access_key, server.secret_key, server.create_bucket(_bucket_name())
+    )
+
+
+@pytest.fixture
+def stack(
+    kube: Kube, s3_target: S3Target, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Stack]:
+    stem = request.node.name.replace("_", "-").lower()[5:25].strip("-")
+    with stack_in_new_namespace(kube, s3_target, tmp_path, stem) as made:
+        yield made
