@@ -60,7 +60,6 @@ class Plan:
             "parallelism": self.parallelism,
             "pods": [{"index": a.index, "node": a.node, "ranks": list(a.ranks)} for a in self.assignments],
             "cost": {**self.cost.as_dict(), "fragmentation": self.fragmentation.as_dict()} if self.feasible else {},
-            "strategy": self.strategy,
         }
 
     @classmethod
