@@ -127,8 +127,10 @@ class JobLoop:
             if decision.launch is not None and not self.observer.fresh(self.key):
                 _, ckpt = await asyncio.to_thread(self.observer.checkpoint, self.key, spec, status, True)
                 decision = rec.reconcile(replace(obs, checkpoint=ckpt))
+            # Intent first: the status (attempt, restarts, failure) is durable before any pod
+            # changes, so an operator killed at any line resumes without losing or repeating it.
+            await self._write_status(decision.status)
             await asyncio.to_thread(self.actuator.apply, self.key, self.body, spec, decision)
-        await self._write_status(decision.status)
         for kind, reason, message in decision.events:
             kopf.event(self.body, type=kind, reason=reason, message=message)
         self._observe_metrics(decision, ckpt)

@@ -107,6 +107,8 @@ def _run(args: argparse.Namespace) -> int:
         level=logging.DEBUG if SETTINGS.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not SETTINGS.verbose:  # kopf reports every successful watch handler at INFO
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     liveness = f"http://0.0.0.0:{SETTINGS.health_port}/healthz" if SETTINGS.health_port else None
     asyncio.run(kopf.operator(
         clusterwide=SETTINGS.cluster_wide,
