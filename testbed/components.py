@@ -14,10 +14,12 @@ from testbed.pki import SERVICE_CIDR
 # "loses its kubelet" (no more heartbeats or lease renewals).
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_NODE_VALUE = "fake"
+# KWOK renews each lease every quarter of its duration (every 10 s), as the kubelet does.
 NODE_LEASE_SECONDS = 40
 # The node lifecycle controller marks a node Unknown (and taints it
-# unreachable) when its lease has not been renewed for this long.
-NODE_MONITOR_GRACE = "20s"
+# unreachable) when its lease has not been renewed for this long. Shorter
+# values make nodes flap on a loaded 2-core machine with a large fleet.
+NODE_MONITOR_GRACE = "40s"
 
 
 @dataclass(frozen=True)

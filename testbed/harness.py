@@ -52,6 +52,7 @@ from testbed.harness_env import (
 )
 from testbed.harness_proc import (
     PodExit,
+    PodLaunch,
     PodRun,
     group_alive,
     json_lines,
@@ -70,7 +71,7 @@ JOB_LABEL = "topotrain.io/job"
 ATTEMPT_LABEL = "topotrain.io/attempt"
 INDEX_LABEL = "topotrain.io/index"
 LOST_EXIT_CODE = 137
-__all__ = ["PodExit", "PodProcessHarness", "PodRun", "json_lines"]
+__all__ = ["PodExit", "PodLaunch", "PodProcessHarness", "PodRun", "json_lines"]
 MAX_GRACE_SECONDS = 10.0
 STRATEGIC = "application/strategic-merge-patch+json"
 
@@ -101,6 +102,7 @@ class PodProcessHarness:
         self.label_selector = label_selector
         self.interval = interval
         self.exits: list[PodExit] = []
+        self.launches: list[PodLaunch] = []
         self._runs: dict[str, PodRun] = {}
         self._lost: dict[str, PodRun] = {}  # uid -> run killed with its node, not yet reported
         self._done: set[str] = set()  # uids never to start again
@@ -316,6 +318,7 @@ class PodProcessHarness:
             pid_file,
             now(),
         )
+        self.launches.append(PodLaunch(namespace, name, job, attempt, spec["nodeName"], time.time()))
         log.info(
             "harness: started pod %s/%s on %s as pid %d",
             namespace,

@@ -19,6 +19,18 @@ from typing import Any
 HEADER_PREFIX = "# harness"
 
 
+@dataclass(frozen=True)
+class PodLaunch:
+    """When the harness started a pod's process (wall clock), for timing recoveries."""
+
+    namespace: str
+    name: str
+    job: str
+    attempt: str
+    node: str
+    time: float
+
+
 @dataclass
 class PodRun:
     """One pod's container, run as a local process group."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import urllib3
 import yaml
 from kubernetes.client.exceptions import ApiException
 
@@ -328,8 +329,15 @@ class Stack:
     ) -> dict[str, Any]:
         """Poll the job until `check(job)`; on timeout the error shows its status and the operator's log."""
         deadline = time.monotonic() + timeout
+        job: dict[str, Any] = {}
         while True:
-            job = self.job(name)
+            try:
+                job = self.job(name)
+            except (ApiException, OSError, urllib3.exceptions.HTTPError) as err:
+                if (isinstance(err, ApiException) and 0 < err.status < 500) or time.monotonic() > deadline:
+                    raise
+                time.sleep(1)  # an overloaded API server answers 5xx or times out: ask again
+                continue
             if check(job):
                 return job
             if time.monotonic() > deadline or not self.operator_alive():

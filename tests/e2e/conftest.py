@@ -18,12 +18,21 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from testbed.harness import PodProcessHarness
-from testbed.harness_stack import S3Target, Stack, stack_in_new_namespace
+from testbed.harness_stack import (
+    S3Target,
+    Stack,
+    checkpoint_store,
+    stack_in_new_namespace,
+    step_losses,
+)
 from testbed.kube import Kube
+from testbed.procs import wait_until
+from tests.e2e.jobs import JOB_TIMEOUT, phase_is, spec_3d
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -45,7 +54,7 @@ def _bucket_name() -> str:
     return f"e2e-{uuid.uuid4().hex[:10]}"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def s3_target(request: pytest.FixtureRequest) -> S3Target:
     """A fresh bucket for the module's jobs, on the external S3 store if one is named."""
     endpoint = os.environ.get("TOPOTRAIN_E2E_S3_ENDPOINT")
@@ -71,3 +80,30 @@ def stack(
     stem = request.node.name.replace("_", "-").lower()[5:25].strip("-")
     with stack_in_new_namespace(kube, s3_target, tmp_path, stem) as made:
         yield made
+
+
+@pytest.fixture(scope="session")
+def reference(
+    kube: Kube, s3_target: S3Target, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    """One uninterrupted 3D run to completion: its final job, log events, losses, committed steps.
+
+    The other tests hold their losses to this run's: same model, seed, global
+    batch and schedule, so the same loss at every step whatever the mesh.
+    """
+    with stack_in_new_namespace(
+        kube, s3_target, tmp_path_factory.mktemp("reference"), "e2e-ref"
+    ) as stack:
+        stack.apply_job("ref", spec_3d())
+        job = stack.wait_job("ref", phase_is("Succeeded"), timeout=JOB_TIMEOUT, what="Succeeded")
+        wait_until(
+            lambda: not stack.pods("ref"), timeout=120, what="the finished job's pods to be gone"
+        )
+        events = stack.events("ref")
+        yield {
+            "job": job,
+            "events": events,
+            "losses": step_losses(events),
+            "committed": [c.step for c in checkpoint_store(stack, "ref").list_committed()],
+            "stack": stack,
+        }
