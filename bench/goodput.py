@@ -15,7 +15,9 @@ chart, run locally with its ServiceAccount), the real trainer processes
   deleted and planned from scratch).
 
 Every `--fail-every` steps the node of one pod fails (KWOK NotReady; its
-processes are killed at once). Goodput = useful step time (each step's last
+processes are killed at once), mid-way between two checkpoints (steps 95,
+195, ... with the defaults): the expected phase of a failure that strikes at
+random. Goodput = useful step time (each step's last
 execution, which is the one that counts) / wall time from job creation to the
 trainer's last step, so checkpoint stalls, lost and recomputed steps and
 restarts all count against it. Recovery = node failure -> training state

@@ -133,7 +133,8 @@ class Runner:
         self.fail_every, self.interval, self.product = fail_every, interval, product
         self.job = f"goodput-{mode.key}"
         self.result = ModeResult(mode)
-        self.next_failure = fail_every
+        # Failures land mid-interval, the expected phase of a failure striking at random.
+        self.next_failure = fail_every - interval // 2
 
     def run(self, timeout: float) -> ModeResult:
         created = time.time()
@@ -179,7 +180,7 @@ class Runner:
     def _track(
         self, f: Failure, status: dict[str, Any], events: dict[int, list[dict[str, Any]]]
     ) -> None:
-        now, nxt = time.time(), f.attempt + 1
+        now, nxt = time.time(), max(f.attempt + 1, int(status.get("attempt", 0)))
         if f.detected is None and int(status.get("attempt", 0)) > f.attempt:
             f.detected = now
         pods = [
