@@ -286,9 +286,12 @@ class PodProcessHarness:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             variables = container_env(pod, container, self._read_object)
+            scratch = self.workdir / "pods" / uid
+            scratch.mkdir(parents=True, exist_ok=True)
             env = process_env(
                 variables,
                 self._port(namespace, job, attempt) if "MASTER_PORT" in variables else None,
+                scratch,
             )
             argv = container_argv(container, env)
         except (LookupError, ValueError) as err:
@@ -299,9 +302,7 @@ class PodProcessHarness:
                 namespace, name, container, 128, "CreateContainerConfigError", str(err), now()
             )
             return
-        workdir = self.workdir / "pods" / uid
-        workdir.mkdir(parents=True, exist_ok=True)
-        process = spawn(argv, env, workdir, log_path, node=spec["nodeName"])
+        process = spawn(argv, env, scratch, log_path, node=spec["nodeName"])
         pid_file = self.workdir / "pids" / f"{uid}.pid"
         record_pid(pid_file, process.pid)
         self._runs[uid] = PodRun(

@@ -33,8 +33,8 @@ MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
 LOCAL_ADDR = "127.0.0.1"
 # Variables the harness passes from its own environment (a container image
-# would bring its own PATH and HOME; ours is this machine's Python venv).
-INHERITED = ("HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
+# would bring its own; ours is this machine's Python venv).
+INHERITED = ("LANG", "LC_ALL", "TZ")
 
 
 def _dockerfile_entrypoint(dockerfile: Path) -> list[str] | None:
@@ -173,9 +173,16 @@ def decode_secret(data: Mapping[str, str] | None) -> dict[str, str]:
     return {k: base64.b64decode(v).decode() for k, v in (data or {}).items()}
 
 
-def process_env(container_vars: Mapping[str, str], master_port: int | None) -> dict[str, str]:
-    """The full environment of the local process: this machine's basics, then the pod's."""
+def process_env(
+    container_vars: Mapping[str, str], master_port: int | None, scratch: Path
+) -> dict[str, str]:
+    """The full environment of the local process: this machine's basics, then the pod's.
+
+    `scratch` stands in for the container's private filesystem: HOME and TMPDIR
+    point there, so two pods of one job never share /tmp (the trainer stages
+    checkpoints there)."""
     base = {k: os.environ[k] for k in INHERITED if k in os.environ}
+    base["HOME"] = base["TMPDIR"] = str(scratch)
     python_bin = str(Path(sys.executable).parent)
     base["PATH"] = f"{python_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}"
     base["PYTHONUNBUFFERED"] = "1"
