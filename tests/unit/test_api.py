@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from topotrain.api import TrainingJobSpec, validate_manifest
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,8 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from topotrain.crd import CRD_FILENAME, build_crd, render_crd
 
 ROOT = Path(__file__).resolve().parents[2]
