@@ -88,7 +88,8 @@ def _inventory(
             ignore_pods_of={JOB_LABEL: name},
         )
     except ValueError as exc:
-        raise InputError(f"{args.nodes} / {args.pods}: {exc}") from None
+        source = args.pods if str(exc).startswith("pod ") else args.nodes
+        raise InputError(f"{source}: {exc}") from None
 
 
 def load_job(path: Path) -> tuple[str, Any]:

@@ -100,7 +100,10 @@ class Inventory:
         excluded: dict[str, str] = {}
         known: dict[str, NodeInfo] = {}
         for node in nodes:
-            info, why = _node_info(_norm(node), levels, tols, node_selector or {}, used)
+            try:
+                info, why = _node_info(_norm(node), levels, tols, node_selector or {}, used)
+            except ValueError as exc:
+                raise ValueError(f"node {_name(_norm(node))}: {exc}") from None
             if why:
                 excluded[_name(_norm(node))] = why
             if info is not None:
@@ -160,7 +163,12 @@ def gpus_in_use(
         labels = (pod.get("metadata") or {}).get("labels") or {}
         if ignore_labels and all(labels.get(k) == v for k, v in ignore_labels.items()):
             continue
-        used[node_name] = used.get(node_name, 0) + pod_gpus(spec, resource)
+        try:
+            gpus = pod_gpus(spec, resource)
+        except ValueError as exc:
+            meta = pod.get("metadata") or {}
+            raise ValueError(f"pod {meta.get('namespace', '')}/{meta.get('name', '?')}: {exc}") from None
+        used[node_name] = used.get(node_name, 0) + gpus
     return used
 
 
@@ -171,8 +179,11 @@ def pod_gpus(spec: Mapping[str, Any], resource: str = GPU_RESOURCE) -> int:
         res = container.get("resources") or {}
         requests = res.get("requests") or {}
         limits = res.get("limits") or {}
-        raw = requests.get(resource, limits.get(resource, 0))
-        return parse_count(raw)
+        field = "requests" if resource in requests else "limits"
+        try:
+            return parse_count(requests.get(resource, limits.get(resource, 0)))
+        except ValueError as exc:
+            raise ValueError(f"container {container.get('name', '?')}: resources.{field}.{resource}: {exc}") from None
 
     main = sum(one(c) for c in spec.get("containers") or [])
     init = max((one(c) for c in spec.get("initContainers") or []), default=0)
@@ -217,7 +228,10 @@ def _node_info(
     labels: Mapping[str, str] = meta.get("labels") or {}
     spec = node.get("spec") or {}
     status = node.get("status") or {}
-    allocatable = parse_count((status.get("allocatable") or {}).get(levels.gpu_resource))
+    try:
+        allocatable = parse_count((status.get("allocatable") or {}).get(levels.gpu_resource))
+    except ValueError as exc:
+        raise ValueError(f"status.allocatable.{levels.gpu_resource}: {exc}") from None
     if allocatable <= 0:
         return None, f"no allocatable {levels.gpu_resource}"
     path: Path = (

@@ -9,7 +9,10 @@ None of them knows the gang's parallel structure: they place pods, in pod index
 - bestfit: Kueue topology-aware scheduling, BestFit profile: the lowest-level
   single domain that fits with the least spare capacity, else domains in
   descending free capacity (the last one the best fit for the remainder),
-  level by level; pods filled in rank order.
+  level by level; pods filled in rank order. When a tensor-parallel group
+  spans pods, each group is a pod-set slice required in one NVLink domain (as
+  Kueue's `podset-slice-required-topology` allows), so its placements keep the
+  tensor constraint.
 - random: each pod to a uniformly random node with room (seeded).
 """
 
@@ -20,21 +23,20 @@ import random
 from collections.abc import Callable
 
 from topotrain.placement.cost import DomainIndex
-from topotrain.placement.fill import Tree, select
+from topotrain.placement.fill import Tree, fill_sequence, select, unit_slots
 from topotrain.placement.request import Mesh
 
 Baseline = Callable[[Mesh, DomainIndex], "list[int] | None"]
 
 
 def bestfit_assign(mesh: Mesh, index: DomainIndex) -> list[int] | None:
-    tree = Tree.build(index, mesh.request.gpus_per_pod, 1)
-    chosen = select(tree, mesh.pods)
+    """Kueue TAS BestFit with pod-set slices of one tensor-parallel group required in one
+    NVLink domain (`podset-slice-required-topology`), pods in rank order."""
+    tree = Tree.build(index, mesh.request.gpus_per_pod, mesh.unit_size)
+    chosen = select(tree, len(mesh.tp_units))
     if chosen is None:
         return None
-    slots: list[int] = []
-    for clique, count in chosen:
-        slots.extend(unit[0] for unit in tree.take_units(clique, count))
-    return slots[: mesh.pods] if len(slots) >= mesh.pods else None
+    return fill_sequence(mesh, range(len(mesh.tp_units)), unit_slots(tree, chosen))
 
 
 def _greedy(

@@ -182,12 +182,17 @@ def select(tree: Tree, need: int, how: Selection = KUEUE) -> list[tuple[int, int
     return out
 
 
-def fill_sequence(tree: Tree, mesh: Mesh, order: Sequence[int], chosen: list[tuple[int, int]]) -> list[int] | None:
-    """Units in `order` into the chosen cliques in sequence: pod -> node."""
+def unit_slots(tree: Tree, chosen: list[tuple[int, int]]) -> list[list[int]]:
+    """The chosen cliques' unit slots in sequence, each a list of k nodes."""
     work = tree.copy()
     slots: list[list[int]] = []
     for clique, count in chosen:
         slots.extend(work.take_units(clique, count))
+    return slots
+
+
+def fill_sequence(mesh: Mesh, order: Sequence[int], slots: list[list[int]]) -> list[int] | None:
+    """Units in `order` into the unit slots in sequence: pod -> node."""
     if len(slots) < len(order):
         return None
     assign = [-1] * mesh.pods

@@ -65,6 +65,9 @@ def candidate_keys(mesh: Mesh, targets: list[int]) -> list[tuple[str, Key]]:
         ("hilbert", lambda pp, dp, i: (hilbert_index(side, pp, dp), i)),
         ("hilbert-t", lambda pp, dp, i: (hilbert_index(side, dp, pp), i)),
     ]
+    for width in (2, 3, 4, 6, 8):
+        if width < d:
+            keys.append((f"snake-{width}", _snake_key(width)))
     cells = max(1, req.gpus_per_pod // req.tensor)
     rack_shapes: list[tuple[int, int]] = []
     for target in sorted(set(targets)):
@@ -75,6 +78,17 @@ def candidate_keys(mesh: Mesh, targets: list[int]) -> list[tuple[str, Key]]:
                     keys.append((f"tile-{a}x{b}/{a2}x{b2}", _tile_key(((a, b), (a2, b2)))))
             rack_shapes.append((a, b))
     return keys
+
+
+def _snake_key(width: int) -> Key:
+    """Strips of `width` replicas walked stage by stage, alternately down and up: any stretch
+    is a compact (stages x width) block, and a run of strips whole replicas."""
+
+    def key(pp: int, dp: int, i: int) -> tuple[int, ...]:
+        strip = dp // width
+        return (strip, pp if strip % 2 == 0 else -pp, dp, i)
+
+    return key
 
 
 def _tile_key(tiles: tuple[tuple[int, int], ...]) -> Key:

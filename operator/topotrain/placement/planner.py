@@ -135,9 +135,10 @@ def _place_mesh(mesh: Mesh, view: PoolView, optimise: bool) -> tuple[list[int] |
         selections = [s for i, s in enumerate(found) if s is not None and s not in found[:i]]
     candidates: list[tuple[str, list[int]]] = []
     for number, chosen in enumerate(selections):
+        slots = [] if chosen is None else fill_mod.unit_slots(tree, chosen)
         for name, key in orders.candidate_keys(mesh, _targets(tree, chosen)):
             order = orders.unit_order(mesh, key)
-            assign = fill_mod.fill_racked(tree, mesh, order) if chosen is None else fill_mod.fill_sequence(tree, mesh, order, chosen)
+            assign = fill_mod.fill_racked(tree, mesh, order) if chosen is None else fill_mod.fill_sequence(mesh, order, slots)
             if fill_mod.placed(assign) and assign is not None:
                 candidates.append((f"{name}@{number}", assign))
                 if not optimise:
@@ -162,7 +163,7 @@ def _best(
     for name, assign in scored:
         if all(assign != other for _, other in distinct):
             distinct.append((name, assign))
-    starts = distinct[:8] if small else distinct[:1]
+    starts = distinct[:4] if small else distinct[:1]
     best_assign, best_name, best_key = scored[0][1], scored[0][0], None
     for name, assign in starts:
         left = tree.copy()

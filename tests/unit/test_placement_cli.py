@@ -1,0 +1,115 @@
+"""`topotrain plan` on kubectl List documents: outputs and errors that name the file and field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from test_placement import hgx
+from test_placement_support import pod
+from topotrain.cli_plan import main
+
+JOB = {
+    "apiVersion": "topotrain.io/v1alpha1",
+    "kind": "TrainingJob",
+    "metadata": {"name": "llm"},
+    "spec": {
+        "image": "trainer:1",
+        "parallelism": {"tensor": 8, "pipeline": 2, "data": 3, "minData": 1},
+        "worker": {"gpusPerPod": 8, "gpuTypes": ["H100-80GB"]},
+    },
+}
+
+
+def write(tmp_path: Path, name: str, doc: Any) -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc) if not isinstance(doc, str) else doc)
+    return path
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, Path]:
+    nodes = hgx([3, 3])
+    pods = [pod("n0-0", 8, name="busy"), pod("n0-1", 8, labels={"topotrain.io/job": "llm"}, name="mine")]
+    return {
+        "nodes": write(tmp_path, "nodes.yaml", {"apiVersion": "v1", "kind": "List", "items": nodes}),
+        "pods": write(tmp_path, "pods.yaml", {"apiVersion": "v1", "kind": "List", "items": pods}),
+        "job": write(tmp_path, "job.yaml", JOB),
+    }
+
+
+def run(files: dict[str, Path], *extra: str) -> list[str]:
+    return ["--nodes", str(files["nodes"]), "--pods", str(files["pods"]), "--job", str(files["job"]), *extra]
+
+
+def test_json(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(run(files, "--output", "json")) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"feasible", "reason", "pool", "parallelism", "pods", "cost"}
+    assert doc["feasible"] is True and doc["reason"] is None and doc["pool"] == "H100-80GB"
+    assert doc["parallelism"] == {"tensor": 8, "pipeline": 2, "data": 2}  # 5 free nodes: 4 pods, data 2
+    assert [p["ranks"] for p in doc["pods"]] == [[0, 7], [8, 15], [16, 23], [24, 31]]
+    assert "n0-0" not in {p["node"] for p in doc["pods"]}  # held by another pod; the job's own pod is ignored
+    assert {"total", "nvlink", "rack", "block"} <= set(doc["cost"])
+
+
+def test_table_and_not_placeable(files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(run(files)) == 0
+    out = capsys.readouterr().out
+    assert "pool H100-80GB  tp=8 pp=2 dp=2" in out and "RANKS" in out and "0-7" in out
+    big = {**JOB, "spec": {**JOB["spec"], "parallelism": {"tensor": 8, "pipeline": 2, "data": 8}}}
+    files["job"] = write(tmp_path, "big.yaml", big)
+    assert main(run(files, "-o", "json")) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["feasible"] is False and doc["pods"] == [] and doc["parallelism"] is None
+    assert doc["reason"] == "pool H100-80GB: 40 free GPUs in 5 nodes, need 128 (16 pods x 8)"
+
+
+def test_svg_draws_every_gpu_and_colours_the_gang(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(run(files, "-o", "svg")) == 0
+    svg = capsys.readouterr().out
+    assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>")
+    gpus = svg.count("<title>")
+    assert gpus == 6 * 8
+    assert svg.count('fill="hsl(') == 4 * 8  # the gang's 32 ranks
+    assert svg.count('fill="#bbb"') == 8  # the other job's pod
+    assert "block b0" in svg and "rack nr1" in svg
+
+
+@pytest.mark.parametrize(
+    ("target", "content", "message"),
+    [
+        ("nodes", None, "nodes.yaml: No such file or directory"),
+        ("nodes", "items: [\n", "nodes.yaml: not valid YAML"),
+        ("nodes", {"kind": "PodList", "items": [{"kind": "Pod", "metadata": {"name": "x"}}]},
+         "nodes.yaml: items[0].kind: expected Node, got Pod"),
+        ("nodes", {"kind": "List", "items": [{"metadata": {}}]}, "nodes.yaml: items[0].metadata.name: required"),
+        ("nodes", {"kind": "List", "items": [{"metadata": {"name": "n"}, "status": {"allocatable": {"nvidia.com/gpu": "lots"}}}]},
+         "nodes.yaml: node n: status.allocatable.nvidia.com/gpu: not a GPU count: 'lots'"),
+        ("pods", {"kind": "List", "items": [{"metadata": {"name": "p", "namespace": "a"}, "spec": {"nodeName": "n0-0",
+          "containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "x"}}}]}}]},
+         "pods.yaml: pod a/p: container c: resources.requests.nvidia.com/gpu: not a GPU count: 'x'"),
+        ("job", {**JOB, "spec": {**JOB["spec"], "parallelism": {"tensor": 8, "data": 0}}},
+         "job.yaml: spec.parallelism.data: Input should be greater than or equal to 1"),
+        ("job", "- a list\n", "job.yaml: expected a TrainingJob manifest (a mapping), got list"),
+    ],
+)
+def test_bad_input_names_file_and_field(
+    files: dict[str, Path], target: str, content: Any, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if content is None:
+        files[target].unlink()
+    else:
+        write(files[target].parent, files[target].name, content)
+    assert main(run(files)) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_wired_into_topotrain_cli(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    from topotrain.cli import main as topotrain_main
+
+    assert topotrain_main(["plan", *run(files, "-o", "json")]) == 0
+    assert json.loads(capsys.readouterr().out)["feasible"] is True
