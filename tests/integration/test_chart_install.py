@@ -177,8 +177,9 @@ def create_s3_secret(kube: Kube, namespace: str, name: str, access: str, secret:
 
 
 def get_job(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
-    result = kube.kubectl("-n", namespace, "get", "trainingjob", name, "-o", "json")
-    job: dict[str, Any] = json.loads(result.stdout)
+    """The TrainingJob, or {} while it cannot be read (the wait keeps polling)."""
+    result = kube.kubectl("-n", namespace, "get", "trainingjob", name, "-o", "json", check=False)
+    job: dict[str, Any] = json.loads(result.stdout) if result.returncode == 0 else {}
     return job
 
 
@@ -283,7 +284,6 @@ def test_service_account_cannot_do_what_the_operator_does_not_need(
         ["delete", "pods", *ns],
         ["patch", "trainingjobs.topotrain.io", "--subresource=status", *ns],
         ["watch", "nodes"],
-        ["list", "customresourcedefinitions.apiextensions.k8s.io"],
         ["patch", f"{'clusterkopfpeerings' if mode == 'cluster-wide' else 'kopfpeerings'}"
          f".kopf.dev/{release.fullname}", *([] if mode == "cluster-wide" else ns)],
     ):
@@ -304,6 +304,7 @@ def test_service_account_cannot_do_what_the_operator_does_not_need(
         ["delete", "nodes"],
         ["patch", "nodes"],
         ["delete", "customresourcedefinitions.apiextensions.k8s.io"],
+        ["list", "namespaces"],
         ["patch", "clusterkopfpeerings.kopf.dev/someone-else"],
         ["delete", "trainingjobs.topotrain.io", *ns],
         ["create", "pods", "--subresource=exec", *ns],
@@ -312,7 +313,6 @@ def test_service_account_cannot_do_what_the_operator_does_not_need(
         assert not release.can_i(*args), f"can {' '.join(args)}"
     if mode == "namespaced":
         assert not release.can_i("list", "pods", "-n", "default")
-        assert not release.can_i("list", "namespaces")
     else:
         assert release.can_i("list", "pods", "-A")
 

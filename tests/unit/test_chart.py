@@ -114,10 +114,8 @@ WORKLOAD = {
     "events": {"create", "patch"},
     "events.k8s.io/events": {"create", "patch"},
 }
-CLUSTER_READ = {
-    "nodes": {"get", "list", "watch"},
-    "apiextensions.k8s.io/customresourcedefinitions": {"list", "watch"},
-}
+# The operator disables kopf's cluster scanning: no namespaces, no CRDs.
+CLUSTER_READ = {"nodes": {"get", "list", "watch"}}
 
 
 def expected(scope: str, table: dict[str, set[str]]) -> set[tuple[str, str, str, str]]:
@@ -147,7 +145,6 @@ def test_default_install_is_cluster_wide_with_exactly_the_needed_rules(
     ])
     assert grants(docs) == (
         expected("cluster", WORKLOAD) | expected("cluster", CLUSTER_READ)
-        | expected("cluster", {"namespaces": {"list", "watch"}})
         | peering("cluster", "clusterkopfpeerings", "topotrain")
     )
     assert one(docs, "ClusterKopfPeering")["metadata"]["name"] == "topotrain"
