@@ -12,7 +12,7 @@ from test_placement import hgx
 from test_placement_support import pod
 from topotrain.cli_plan import main
 
-JOB = {
+JOB: dict[str, Any] = {
     "apiVersion": "topotrain.io/v1alpha1",
     "kind": "TrainingJob",
     "metadata": {"name": "llm"},
