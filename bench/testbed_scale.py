@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -143,6 +144,8 @@ def main() -> int:
     parser.add_argument("--baseline", type=int, default=200)
     parser.add_argument("--no-pods", action="store_true", help="skip the pod phase")
     args = parser.parse_args()
+    # A TERM (or timeout) still stops the private testbed through `finally`.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix="topotrain-bench-") as state:
         bed = Testbed(state)
         start = time.monotonic()

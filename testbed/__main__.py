@@ -21,6 +21,7 @@ from testbed.nodes import apply_topology, delete_node, wait_nodes_ready
 def _up(bed: Testbed, args: argparse.Namespace) -> None:
     with bed.locked():
         bed.up(topology=args.topology, timeout=args.timeout)
+        bed.adopt()  # started or not by a test session, it is the user's now
     print(f"testbed up: KUBECONFIG={bed.kubeconfig}")
     print(f"S3: {bed.s3.endpoint} (credentials in {bed.root / 's3.env'})")
 

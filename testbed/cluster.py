@@ -100,8 +100,6 @@ class Testbed:
     ) -> None:
         """Start whatever is not running, then apply `topology` (if given) and wait for its nodes."""
         ports = self.ports()
-        # Whoever calls `up` owns the testbed now: test sessions will not stop it.
-        (self.root / "started-by-session").unlink(missing_ok=True)
         ensure_pki(self.layout.pki)
         self._write_kubeconfigs(ports)
         for name, argv in CONTROL_PLANE:
@@ -115,6 +113,10 @@ class Testbed:
 
             names = apply_topology(self.kubeconfig, topology)
             wait_nodes_ready(self.kubeconfig, names, timeout=timeout)
+
+    def adopt(self) -> None:
+        """Take the testbed over from test sessions: they will no longer stop it at their end."""
+        (self.root / "started-by-session").unlink(missing_ok=True)
 
     def down(self) -> list[str]:
         """Stop every process; returns the names of those that were running. Data stays."""
