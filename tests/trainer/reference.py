@@ -17,7 +17,10 @@ from topotrain_trainer.model import Transformer, model_config
 from topotrain_trainer.train import lr_lambda
 
 
-def reference_losses(config: TrainingConfig, steps: int | None = None) -> list[float]:
+def reference_run(
+    config: TrainingConfig, steps: int | None = None
+) -> tuple[list[float], list[float]]:
+    """(loss, gradient norm) of each step."""
     torch.manual_seed(config.seed)
     model = Transformer(model_config(config.model))
     model.init_weights()
@@ -33,7 +36,7 @@ def reference_losses(config: TrainingConfig, steps: int | None = None) -> list[f
     loader = BatchLoader(TokenDataset(ensure_synthetic(root, config.seed), config.seq_len), config.seed,
                          config.global_batch, data=1, dp_rank=0)  # fmt: skip
     micro = config.global_batch // config.micro_batch
-    losses = []
+    losses, norms = [], []
     for step in range(steps or config.steps):
         inputs, targets = loader.batch_at(step * config.global_batch)
         total = 0.0
@@ -42,8 +45,10 @@ def reference_losses(config: TrainingConfig, steps: int | None = None) -> list[f
             loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(0, 1)) / micro
             torch.autograd.backward(loss)
             total += float(loss.detach())
+        max_norm = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)))
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad()
         losses.append(total)
-    return losses
+    return losses, norms

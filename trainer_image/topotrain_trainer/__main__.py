@@ -42,6 +42,21 @@ def torchrun_argv(env: TrainerEnv) -> list[str]:
     ]  # fmt: skip
 
 
+def die_with_parent() -> None:
+    """torchrun starts each rank in its own session; should the launcher be killed
+    outright (SIGKILL), its ranks must not linger holding ports and CPUs."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() == 1:  # the launcher died before prctl took effect
+        os._exit(1)
+
+
 def prepare(argv: list[str]) -> int:
     from topotrain_trainer.data import (
         DEFAULT_SHARD_TOKENS,
@@ -86,6 +101,7 @@ def main(argv: list[str]) -> int:
     if "LOCAL_RANK" not in os.environ:
         command = torchrun_argv(env)
         os.execv(command[0], command)
+    die_with_parent()
     from topotrain_trainer.train import train
 
     train(env, config)

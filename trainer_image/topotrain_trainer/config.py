@@ -32,6 +32,7 @@ class TrainingConfig:
     min_lr_ratio: float = 0.1  # cosine decay floor, as a fraction of lr
     warmup_steps: int = 10
     weight_decay: float = 0.1
+    max_grad_norm: float = 1.0  # clip the global gradient norm; 0 disables
     steps: int = 100
     seed: int = 1234
     dataset: str = "synthetic"  # a directory made by `prepare`, or "synthetic"

@@ -47,13 +47,15 @@ class Metrics:
             sys.stdout.write(json.dumps(line) + "\n")
             sys.stdout.flush()
 
-    def step(self, step: int, loss: float, seconds: float, tokens: int, log: bool) -> None:
+    def step(
+        self, step: int, loss: float, grad_norm: float, seconds: float, tokens: int, log: bool
+    ) -> None:
         STEP.set(step)
         STEP_SECONDS.set(seconds)
         TOKENS_PER_SECOND.set(tokens / seconds if seconds > 0 else 0.0)
         LOSS.set(loss)
         if log:
-            self.emit({"event": "step", "step": step, "loss": loss, "step_seconds": round(seconds, 4),
+            self.emit({"event": "step", "step": step, "loss": loss, "grad_norm": grad_norm, "step_seconds": round(seconds, 4),
                        "tokens_per_second": round(tokens / seconds, 1) if seconds > 0 else 0.0})  # fmt: skip
 
     def checkpoint_stall(self, step: int, seconds: float, blocking: bool) -> None:

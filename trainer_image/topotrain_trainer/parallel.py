@@ -10,6 +10,7 @@ FSDP2, in that order (as torchtitan does).
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
-from torch.distributed.tensor import Replicate
+from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -172,6 +173,38 @@ def tensor_parallel_plan(model: Transformer) -> dict[str, ParallelStyle]:
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean token loss of one microbatch (averaged again over microbatches and dp)."""
     return nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
+
+
+@torch.no_grad()
+def clip_grad_norm(model: nn.Module, max_norm: float, mesh: Mesh) -> float:
+    """Global gradient norm over every stage and shard; scales grads down to `max_norm`
+    (0 = never). Each parameter's copies span the world/pp ranks of its stage; a
+    replicated shard is counted once by dividing by its number of copies."""
+    copies_per_stage = dist.get_world_size() // mesh.pipeline
+    local_sq = torch.zeros((), dtype=torch.float64, device=mesh.device)
+    grads: list[torch.Tensor] = []
+    for param in model.parameters():
+        if param.grad is None:
+            continue
+        grad = param.grad
+        grads.append(grad)
+        if isinstance(grad, DTensor):
+            shards = math.prod(
+                grad.device_mesh.size(dim)
+                for dim, p in enumerate(grad.placements)
+                if not p.is_replicate()  # Shard, or FSDP's _StridedShard under TP
+            )
+            grad = grad.to_local()
+        else:
+            shards = 1
+        local_sq += grad.double().pow(2).sum() * shards / copies_per_stage
+    dist.all_reduce(local_sq)
+    norm = float(local_sq.sqrt().item())
+    if max_norm > 0 and norm > max_norm:
+        scale = max_norm / (norm + 1e-6)
+        for grad in grads:
+            grad.mul_(scale)
+    return norm
 
 
 def build_schedule(

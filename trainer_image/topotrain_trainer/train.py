@@ -25,6 +25,7 @@ from topotrain_trainer.parallel import (
     build_mesh,
     build_schedule,
     build_stage,
+    clip_grad_norm,
     cross_entropy,
     init_distributed,
 )
@@ -37,11 +38,11 @@ def train(env: TrainerEnv, config: TrainingConfig) -> None:
     while progress.step < config.steps:
         started = time.perf_counter()
         inputs, targets = job.loader.next(progress.consumed_samples)
-        loss = job.train_step(inputs, targets)
+        loss, grad_norm = job.train_step(inputs, targets)
         progress.step += 1
         progress.consumed_samples += config.global_batch
         due = progress.step % config.progress_every == 0 or progress.step == config.steps
-        job.metrics.step(progress.step, loss, time.perf_counter() - started, tokens, log=due)
+        job.metrics.step(progress.step, loss, grad_norm, time.perf_counter() - started, tokens, due)
         if job.heartbeat is not None and due:
             job.heartbeat.beat(progress.step)
         if job.checkpointer is not None and job.interval and progress.step % job.interval == 0:
@@ -140,8 +141,8 @@ class Job:
                               "consumed_samples": job.progress.consumed_samples, "mesh": mesh.sizes()})  # fmt: skip
         return job
 
-    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
-        """One optimizer step over this rank's share of the global batch; returns the global loss."""
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[float, float]:
+        """One optimizer step over this rank's share of the global batch: (loss, grad norm)."""
         inputs, targets = inputs.to(self.mesh.device), targets.to(self.mesh.device)
         local = torch.zeros((), dtype=torch.float64, device=self.mesh.device)
         if self.schedule is not None:
@@ -162,10 +163,11 @@ class Job:
                 loss = cross_entropy(self.model(x), y) / self.microbatches
                 torch.autograd.backward(loss)
                 local += loss.detach().double()
+        grad_norm = clip_grad_norm(self.model, self.config.max_grad_norm, self.mesh)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return self.global_loss(local)
+        return self.global_loss(local), grad_norm
 
     def global_loss(self, local: torch.Tensor) -> float:
         """Mean over the data ranks of the last stage's loss (gloo has no AVG: sum, then divide)."""
