@@ -39,6 +39,9 @@ def replan_recovery(
     request: GangRequest, inventory: Inventory, current: Mapping[int, str], lost_nodes: Set[str]
 ) -> RecoveryPlan:
     """Keep pods on healthy nodes; replace the others, preferring the lost node's NVLink domain, then rack."""
+    if not current:
+        fresh = plan(request, inventory.without(lost_nodes))
+        return RecoveryPlan(mode="full", plan=fresh, moved=tuple(fresh.nodes))
     degree = _degree_of(request, len(current))
     return _recover(request, inventory, dict(current), set(lost_nodes), degree)
 
