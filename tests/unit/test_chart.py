@@ -421,3 +421,21 @@ def test_chart_ships_the_trainingjob_and_kopf_peering_crds() -> None:
     # kopf patches peers into .status of the main resource: no status subresource.
     for name in ("clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
         assert "subresources" not in names[name]["spec"]["versions"][0]
+
+
+def test_operator_image_matches_what_the_chart_expects() -> None:
+    """The Dockerfile cannot be built here (no Docker); check what the chart relies on."""
+    dockerfile = (ROOT / "operator" / "Dockerfile").read_text()
+    base = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", dockerfile, re.M)
+    assert base and re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+(@sha256:[a-f0-9]{64})?", base[1])
+    assert dockerfile.count("FROM ") >= 2, "multi-stage: no build tools in the runtime image"
+    instructions = [line for line in dockerfile.splitlines() if not line.lstrip().startswith("#")]
+    assert not any("trainer]" in line for line in instructions), "the operator image needs no torch"
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    uid = values["podSecurityContext"]["runAsUser"]
+    assert re.search(rf"^USER {uid}:{uid}$", dockerfile, re.M)
+    assert 'ENTRYPOINT ["topotrain", "run"]' in dockerfile
+    exposed = re.search(r"^EXPOSE (.+)$", dockerfile, re.M)
+    assert exposed and set(exposed[1].split()) == {
+        str(values["healthPort"]), str(values["metrics"]["port"]),
+    }
