@@ -5,9 +5,10 @@
 
 Clusters: HGX-style (8-GPU nodes, each its own NVLink domain, 16 nodes a rack)
 and NVL72-style (4-GPU nodes, 18 per rack sharing one NVLink domain), 8 racks a
-block; empty, 50% or 80% of GPUs held by other pods of 1-8 GPUs dropped on
-random nodes (fragmented). Jobs: tensor 8, pipeline 4 or 8, data sized to 30%,
-60% or 95% of the free whole-pod capacity. Every planner is scored with the
+block; empty, 50% or 80% of GPUs held by other pods (1, 2, 4 GPUs or a whole
+node, whole nodes 4 times in 7) dropped on random nodes with room (fragmented).
+Jobs: tensor 8, pipeline 4 or 8, data sized to 30%, 60% or 95% of the free
+capacity in whole tensor-parallel groups. Every planner is scored with the
 same cost model (docs/placement.md); ratios are baseline cost / topotrain cost.
 Times are CPU seconds of this process (time.process_time), so that other load on
 the machine does not inflate them; the 1,024-pod figure also prints wall time.
@@ -75,7 +76,7 @@ def make_cluster(style: Style, nodes: int, used: float, seed: int) -> tuple[list
     pods: list[dict[str, Any]] = []
     names = sorted(free)
     while target > 0:
-        size = min(target, rng.choice([1, 2, 4, style.gpus, style.gpus]))
+        size = min(target, rng.choice([1, 2, 4, style.gpus, style.gpus, style.gpus, style.gpus]))
         room = [n for n in names if free[n] >= size] or [n for n in names if free[n] > 0]
         node = rng.choice(room)
         size = min(size, free[node])

@@ -141,7 +141,7 @@ def test_data_degree_skips_degrees_without_whole_pods() -> None:
 def test_elastic_job_below_min_data_is_infeasible() -> None:
     result = plan(req(data=4, min_data=3), inv(hgx([2])))
     assert not result.feasible
-    assert result.reason == "pool H100-80GB: 16 free GPUs in 2 nodes, need 32 (4 pods x 8)"
+    assert result.reason == "pool H100-80GB: 16 free GPUs in 2 nodes, need 24 (3 pods x 8)"  # at minData
 
 
 def test_cost_model_by_hand() -> None:

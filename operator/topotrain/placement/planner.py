@@ -66,19 +66,23 @@ def plan(request: GangRequest, inventory: Inventory) -> Plan:
 
 
 def largest_degree(request: GangRequest, view: PoolView) -> tuple[int | None, str]:
-    """The largest feasible data degree in [minData, data] in this pool, or why none is."""
+    """The largest feasible data degree in [minData, data] in this pool, or why even the
+    smallest one tried does not fit."""
     reason = ""
+    short_of_pods: int | None = None
+    slots = sum(n.free // request.gpus_per_pod for n in view.index.nodes)
     for degree in range(request.data, request.lowest_data - 1, -1):
         if not request.fits_pods(degree):
             continue
-        pods = request.pods(degree)
-        if sum(n.free // request.gpus_per_pod for n in view.index.nodes) < pods:
-            reason = reason or capacity_reason(view.name, view.index, Mesh.build(request, degree))
+        if slots < request.pods(degree):
+            short_of_pods = degree
             continue
-        assign, why = place(request, view, degree, optimise=False)
+        assign, reason = place(request, view, degree, optimise=False)
         if assign is not None:
             return degree, ""
-        reason = reason or why
+        short_of_pods = None
+    if short_of_pods is not None:
+        reason = capacity_reason(view.name, view.index, Mesh.build(request, short_of_pods))
     if not reason:
         reason = f"no data degree in [{request.lowest_data}, {request.data}] gives whole pods of {request.gpus_per_pod} GPUs"
     return None, reason
