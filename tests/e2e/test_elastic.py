@@ -104,7 +104,8 @@ def test_shrinks_without_spare_capacity_and_grows_back(
         "elastic", lambda j: _data(j) == 2 and int(j["status"]["attempt"]) > attempt,
         timeout=JOB_TIMEOUT, what="grown back to data=2",
     )  # fmt: skip
-    assert grown["status"]["restarts"] >= 2
+    # The shrink is a restart after a failure; growing back is a resize, not a restart.
+    assert grown["status"]["restarts"] >= 1 and int(grown["status"]["attempt"]) >= 2
     job = stack.wait_job("elastic", phase_is("Succeeded"), timeout=JOB_TIMEOUT, what="Succeeded")
 
     by_attempt = attempts(stack, "elastic")
