@@ -193,3 +193,28 @@ def test_json_document() -> None:
     assert doc["pods"] == [{"index": 0, "node": "n0-0", "ranks": [0, 7]}, {"index": 1, "node": "n0-1", "ranks": [8, 15]}]
     assert doc["cost"]["total"] == 8 and doc["reason"] is None
     assert plan(req(data=9), inv(hgx([2]))).to_json()["parallelism"] is None
+
+
+def test_request_from_the_api_model() -> None:
+    from topotrain.api import TrainingJobSpec
+
+    spec = TrainingJobSpec.model_validate({
+        "image": "t:1",
+        "parallelism": {"tensor": 4, "pipeline": 2, "data": 8, "minData": 2},
+        "rankOrder": "tp-dp-pp",
+        "worker": {"gpusPerPod": 8, "gpuTypes": ["H100-80GB", "A100-80GB"]},
+        "topology": {"pipeline": "Required"},
+    })
+    assert GangRequest.from_spec(spec) == GangRequest(
+        tensor=4, pipeline=2, data=8, min_data=2, gpus_per_pod=8, gpu_types=("H100-80GB", "A100-80GB"),
+        rank_order="tp-dp-pp", tensor_topology="Required", pipeline_topology="Required", data_topology="Preferred",
+    )
+
+
+def test_reserved_gpus_keep_two_jobs_apart() -> None:
+    nodes = hgx([4, 4])
+    first = plan(req(pipeline=2, data=2), inv(nodes))
+    taken = {node: 8 for node in first.nodes.values()}
+    second = plan(req(pipeline=2, data=2), Inventory.from_snapshot(nodes, [], reserved=taken))
+    assert second.feasible and not set(second.nodes.values()) & set(first.nodes.values())
+    assert not plan(req(pipeline=2, data=3), Inventory.from_snapshot(nodes, [], reserved=taken)).feasible
