@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -66,14 +67,21 @@ def run_plan(args: argparse.Namespace) -> int:
         print(f"topotrain plan: {exc}", file=sys.stderr)
         return 2
     result = plan(request, inventory)
-    if args.output == "json":
+    try:
+        _write(args.output, result, request, inventory)
+    except BrokenPipeError:  # `topotrain plan ... | head`: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0 if result.feasible else 1
+
+
+def _write(output: str, result: Plan, request: GangRequest, inventory: Inventory) -> None:
+    if output == "json":
         print(json.dumps(result.to_json(), indent=2))
-    elif args.output == "svg":
+    elif output == "svg":
         pool = result.pool or (request.gpu_types[0] if request.gpu_types else next(iter(inventory.pools()), ""))
         sys.stdout.write(render(result, request, inventory.pools().get(pool, [])))
     else:
         print(table(result, request, inventory))
-    return 0 if result.feasible else 1
 
 
 def _inventory(

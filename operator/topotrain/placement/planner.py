@@ -167,7 +167,7 @@ def _best(
     for name, assign in scored:
         if all(assign != other for _, other in distinct):
             distinct.append((name, assign))
-    starts = distinct[:4] if small else distinct[:1]
+    starts = distinct[:8] if small else distinct[:1]
     best_assign, best_name, best_key = scored[0][1], scored[0][0], None
     for name, assign in starts:
         left = tree.copy()
