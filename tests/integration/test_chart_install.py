@@ -329,6 +329,8 @@ def test_upgrade_and_uninstall_leave_no_orphans_and_keep_checkpoints(
                     lambda: release.live_objects() == installed), release.live_objects()
     assert ("ClusterKopfPeering", "", release.fullname) in installed
 
+    # The documented CRD upgrade step works on CRDs that `helm install` created.
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
     # Changed values: namespaced mode, no Secret access, the dashboard on.
     release.helm("upgrade", {
         "replicaCount": 0, "watchNamespaces": [namespace], "dashboard": {"enabled": True},
@@ -341,7 +343,10 @@ def test_upgrade_and_uninstall_leave_no_orphans_and_keep_checkpoints(
     assert wait_for("the upgrade to remove what the new values no longer need",
                     lambda: release.live_objects() == upgraded), release.live_objects() - upgraded
 
-    # A TrainingJob's committed checkpoint, seeded where the trainer writes it.
+    # A TrainingJob and its committed checkpoint, seeded where the trainer writes it.
+    job = release.workdir / "job.yaml"
+    job.write_text(yaml.safe_dump(training_job("small", s3_bucket, s3.endpoint, "s3-ckpt")))
+    kube.kubectl("-n", namespace, "apply", "-f", str(job))
     client = s3.client()
     key = f"checkpoints/{namespace}/small/step-0000000042/COMMITTED"
     client.put_object(Bucket=s3_bucket, Key=key, Body=b'{"step": 42}')
@@ -352,6 +357,9 @@ def test_upgrade_and_uninstall_leave_no_orphans_and_keep_checkpoints(
     helm_storage = kube.kubectl("-n", namespace, "get", "secrets", "-l",
                                 f"owner=helm,name={release.name}", "-o", "name").stdout
     assert helm_storage.strip() == ""
-    # Helm leaves crds/ alone, and nothing deletes checkpoints.
-    kube.kubectl("get", "crd", "trainingjobs.topotrain.io")
+    # Helm leaves crds/ alone, so the job stays; nothing deletes its checkpoints.
+    assert get_job(kube, namespace, "small")["spec"]["checkpoint"]["uri"].endswith("/checkpoints")
+    listed = client.list_objects_v2(Bucket=s3_bucket, Prefix=f"checkpoints/{namespace}/small/")
+    assert [obj["Key"] for obj in listed.get("Contents", [])] == [key]
     assert client.get_object(Bucket=s3_bucket, Key=key)["Body"].read() == b'{"step": 42}'
+    kube.kubectl("-n", namespace, "delete", "trainingjob", "small")  # no operator, no finalizer
