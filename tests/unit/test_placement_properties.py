@@ -31,7 +31,7 @@ def instances(draw: st.DrawFn) -> tuple[Inventory, GangRequest]:
     return Inventory.from_snapshot(nodes, pods), request
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instances())
 def test_plans_keep_capacity_and_constraints(instance: tuple[Inventory, GangRequest]) -> None:
     inventory, request = instance
@@ -57,7 +57,7 @@ def test_plans_keep_capacity_and_constraints(instance: tuple[Inventory, GangRequ
         assert result.cost.total <= evaluate(mesh, index, baseline).total
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instances())
 def test_same_input_same_plan(instance: tuple[Inventory, GangRequest]) -> None:
     inventory, request = instance
