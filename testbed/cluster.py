@@ -25,7 +25,7 @@ import yaml
 
 from testbed import components
 from testbed.binaries import REPO_ROOT
-from testbed.components import Layout, Ports
+from testbed.components import DEFAULT_NODE_LEASE_SECONDS, Layout, Ports, Settings
 from testbed.pki import ADMIN, CONTROLLER_MANAGER, KWOK, SCHEDULER, ClientIdentity, ensure_pki
 from testbed.procs import ManagedProcess, free_port, wait_until
 from testbed.s3 import S3Server
@@ -33,7 +33,7 @@ from testbed.s3 import S3Server
 DEFAULT_BUCKET = "topotrain"
 STATE_DIR_ENV = "TOPOTRAIN_TESTBED_DIR"
 
-ArgvBuilder = Callable[[Layout, Ports], list[str]]
+ArgvBuilder = Callable[[Layout, Settings], list[str]]
 # Start order; `down` stops in reverse.
 CONTROL_PLANE: tuple[tuple[str, ArgvBuilder], ...] = (
     ("etcd", components.etcd),
@@ -61,7 +61,13 @@ class Testbed:
 
     __test__ = False  # not a pytest test class, despite the name
 
-    def __init__(self, state_dir: Path | str | None = None) -> None:
+    def __init__(
+        self,
+        state_dir: Path | str | None = None,
+        node_lease_seconds: int = DEFAULT_NODE_LEASE_SECONDS,
+    ) -> None:
+        """`node_lease_seconds` (lease duration = node-monitor grace) applies to a new testbed."""
+        self._node_lease_seconds = node_lease_seconds
         self.layout = Layout(Path(state_dir).resolve() if state_dir else default_state_dir())
         self.root = self.layout.root
         self._state_file = self.root / "state.json"
@@ -77,19 +83,24 @@ class Testbed:
     def process(self, name: str) -> ManagedProcess:
         return ManagedProcess(name, self.root)
 
-    def ports(self) -> Ports:
-        """The ports this testbed uses, chosen once and kept across restarts."""
+    def settings(self) -> Settings:
+        """Ports and node timing, chosen on first use and kept across restarts."""
         try:
-            return Ports(**json.loads(self._state_file.read_text())["ports"])
+            saved = json.loads(self._state_file.read_text())
+            return Settings(Ports(**saved["ports"]), saved["nodeLeaseSeconds"])
         except (OSError, KeyError, TypeError, ValueError):
             pass
         chosen: set[int] = set()
         while len(chosen) < len(Ports.__dataclass_fields__):
             chosen.add(free_port())
-        ports = Ports(*sorted(chosen))
+        settings = Settings(Ports(*sorted(chosen)), self._node_lease_seconds)
         self.root.mkdir(parents=True, exist_ok=True)
-        self._state_file.write_text(json.dumps({"ports": asdict(ports)}, indent=2) + "\n")
-        return ports
+        state = {"ports": asdict(settings.ports), "nodeLeaseSeconds": settings.node_lease_seconds}
+        self._state_file.write_text(json.dumps(state, indent=2) + "\n")
+        return settings
+
+    def ports(self) -> Ports:
+        return self.settings().ports
 
     def is_up(self) -> bool:
         """All processes run and the API server answers /readyz."""
@@ -99,12 +110,12 @@ class Testbed:
         self, topology: Path | str | dict[str, object] | None = None, timeout: float = 120.0
     ) -> None:
         """Start whatever is not running, then apply `topology` (if given) and wait for its nodes."""
-        ports = self.ports()
+        settings = self.settings()
         ensure_pki(self.layout.pki)
-        self._write_kubeconfigs(ports)
+        self._write_kubeconfigs(settings.ports)
         for name, argv in CONTROL_PLANE:
-            self.process(name).start(argv(self.layout, ports))
-            self._wait_component(name, ports, timeout)
+            self.process(name).start(argv(self.layout, settings))
+            self._wait_component(name, settings.ports, timeout)
         self.s3.start()
         self.s3.create_bucket(DEFAULT_BUCKET)
         self._write_s3_env()

@@ -14,12 +14,11 @@ from testbed.pki import SERVICE_CIDR
 # "loses its kubelet" (no more heartbeats or lease renewals).
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_NODE_VALUE = "fake"
-# KWOK renews each lease every quarter of its duration (every 10 s), as the kubelet does.
-NODE_LEASE_SECONDS = 40
-# The node lifecycle controller marks a node Unknown (and taints it
-# unreachable) when its lease has not been renewed for this long. Shorter
-# values make nodes flap on a loaded 2-core machine with a large fleet.
-NODE_MONITOR_GRACE = "40s"
+# KWOK renews each node lease every quarter of its duration (every 10 s for
+# 40 s, as the kubelet does). The node lifecycle controller marks a node
+# Unknown (and taints it unreachable) once its lease is that many seconds
+# old. A large fleet on a loaded 2-core machine needs longer (kwokctl uses 200).
+DEFAULT_NODE_LEASE_SECONDS = 40
 
 
 @dataclass(frozen=True)
@@ -30,6 +29,14 @@ class Ports:
     controller_manager: int
     scheduler: int
     kwok: int
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What is chosen once per testbed and kept across restarts."""
+
+    ports: Ports
+    node_lease_seconds: int = DEFAULT_NODE_LEASE_SECONDS
 
 
 @dataclass(frozen=True)
@@ -61,9 +68,9 @@ class Layout:
         return str(self.pki / name)
 
 
-def etcd(layout: Layout, ports: Ports) -> list[str]:
-    client = f"http://127.0.0.1:{ports.etcd_client}"
-    peer = f"http://127.0.0.1:{ports.etcd_peer}"
+def etcd(layout: Layout, settings: Settings) -> list[str]:
+    client = f"http://127.0.0.1:{settings.ports.etcd_client}"
+    peer = f"http://127.0.0.1:{settings.ports.etcd_peer}"
     return [
         str(binary("etcd")),
         "--name=testbed",
@@ -80,14 +87,14 @@ def etcd(layout: Layout, ports: Ports) -> list[str]:
     ]
 
 
-def apiserver(layout: Layout, ports: Ports) -> list[str]:
+def apiserver(layout: Layout, settings: Settings) -> list[str]:
     pem = layout.pem
     return [
         str(binary("kube-apiserver")),
-        f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
+        f"--etcd-servers=http://127.0.0.1:{settings.ports.etcd_client}",
         "--bind-address=127.0.0.1",
         "--advertise-address=127.0.0.1",
-        f"--secure-port={ports.apiserver}",
+        f"--secure-port={settings.ports.apiserver}",
         f"--tls-cert-file={pem('apiserver.crt')}",
         f"--tls-private-key-file={pem('apiserver.key')}",
         f"--client-ca-file={pem('ca.crt')}",
@@ -128,12 +135,12 @@ def _delegated_auth(layout: Layout, stem: str) -> list[str]:
     ]
 
 
-def controller_manager(layout: Layout, ports: Ports) -> list[str]:
+def controller_manager(layout: Layout, settings: Settings) -> list[str]:
     pem = layout.pem
     return [
         str(binary("kube-controller-manager")),
         *_delegated_auth(layout, "kube-controller-manager"),
-        f"--secure-port={ports.controller_manager}",
+        f"--secure-port={settings.ports.controller_manager}",
         "--controllers=*",
         "--use-service-account-credentials=true",
         f"--service-account-private-key-file={pem('sa.key')}",
@@ -143,31 +150,32 @@ def controller_manager(layout: Layout, ports: Ports) -> list[str]:
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--cluster-name=topotrain-testbed",
         "--node-monitor-period=2s",
-        f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
+        f"--node-monitor-grace-period={settings.node_lease_seconds}s",
         "--kube-api-qps=200",
         "--kube-api-burst=400",
         "--v=1",
     ]
 
 
-def scheduler(layout: Layout, ports: Ports) -> list[str]:
+def scheduler(layout: Layout, settings: Settings) -> list[str]:
     return [
         str(binary("kube-scheduler")),
         *_delegated_auth(layout, "kube-scheduler"),
-        f"--secure-port={ports.scheduler}",
+        f"--secure-port={settings.ports.scheduler}",
         "--v=1",
     ]
 
 
-def kwok(layout: Layout, ports: Ports) -> list[str]:
+def kwok(layout: Layout, settings: Settings) -> list[str]:
     return [
         str(binary("kwok")),
         f"--kubeconfig={layout.component_kubeconfig('kwok')}",
         f"--config={kwok_stages()}",
         "--manage-all-nodes=false",
         f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}={KWOK_NODE_VALUE}",
-        f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
+        f"--node-lease-duration-seconds={settings.node_lease_seconds}",
         "--node-ip=10.0.0.1",
         "--cidr=10.244.0.0/16",
-        f"--server-address=127.0.0.1:{ports.kwok}",
+        f"--server-address=127.0.0.1:{settings.ports.kwok}",
+        "--v=WARN",  # not a line per lease renewal
     ]

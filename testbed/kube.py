@@ -18,10 +18,13 @@ if TYPE_CHECKING:
 
 def api_client(kubeconfig: Path | str) -> client.ApiClient:
     """A kubernetes ApiClient for `kubeconfig` (use it as a context manager)."""
-    api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
-        config_file=str(kubeconfig)
+    configuration = client.Configuration()
+    config.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=str(kubeconfig), client_configuration=configuration
     )
-    return api
+    # Room for the thread pools that create a fleet's nodes in parallel.
+    configuration.connection_pool_maxsize = 16
+    return client.ApiClient(configuration)
 
 
 def core_v1(api: client.ApiClient) -> Any:
