@@ -1,15 +1,19 @@
-"""`make demo`: topotrain on the local testbed, narrated.
+"""`make demo`: topotrain on the local testbed, narrated, with a real trainer.
 
 1. Starts the testbed (real control plane, KWOK GPU nodes of a two-pool
-   topology, an S3 server) and the operator (`topotrain run`).
-2. Seeds the job's S3 prefix with committed checkpoints (steps 50 and 100) and
-   a partial one (step 150, no COMMITTED marker), in the layout of DESIGN.md,
-   because in this first version no trainer process runs: KWOK pods run nothing.
-3. Applies examples/elastic-two-pools.yaml; prints the placement as a table and
-   writes it as SVG.
-4. Makes one of the job's nodes NotReady and shows the recovery: only the lost
-   pod moves, and the new attempt resumes from step 100 (never 150).
-5. Scales the job down (`kubectl scale --replicas=2`) and up again.
+   topology, an S3 server), the operator (`topotrain run`) and the pod
+   process harness (testbed.harness): KWOK pods run nothing, so the harness
+   runs each trainer pod's own command and environment as local processes,
+   standing in for a kubelet's process execution.
+2. Applies a tiny 3D job (tensor 2 x pipeline 2 x data 2 on 2-GPU pods, H100
+   preferred, A100 fallback, minData 1); prints the placement as a table and
+   writes it as SVG; streams the trainer's real losses and its asynchronous
+   checkpoints to S3.
+3. Makes a node of the job NotReady (its processes die with it) and shows the
+   recovery: the operator restarts the gang on healthy nodes from the newest
+   *committed* checkpoint, and the losses continue where they were.
+4. Scales the job down (`kubectl scale --replicas=1`) and up again: the data
+   degree changes, the global batch and the sample order do not.
 
     python -m testbed.demo [--keep]      # --keep leaves the testbed and job running
 """
@@ -36,10 +40,26 @@ from topotrain.topology import Inventory
 from testbed.binaries import bin_dir
 from testbed.cluster import Testbed
 from testbed.faults import node_not_ready, node_ready
+from testbed.harness import PodProcessHarness
+from testbed.harness_proc import json_lines
 
 REPO = Path(__file__).resolve().parent.parent
 TOPOLOGY = REPO / "examples" / "clusters" / "two-pool.yaml"
-JOB_FILE = REPO / "examples" / "elastic-two-pools.yaml"
+# A job small enough for real trainer processes on a laptop: 8 ranks of the tiny model.
+DEMO_JOB: dict[str, Any] = {
+    "apiVersion": "topotrain.io/v1alpha1", "kind": "TrainingJob",
+    "metadata": {"name": "elastic"},
+    "spec": {
+        "image": "ghcr.io/topotrain/trainer:0.1.0",
+        "parallelism": {"tensor": 2, "pipeline": 2, "data": 2, "minData": 1},
+        "worker": {"gpusPerPod": 2, "gpuTypes": ["H100-80GB", "A100-80GB"]},
+        "checkpoint": {"uri": "s3://demo/elastic", "credentialsSecret": "s3-credentials",
+                       "intervalSteps": 5, "keep": 2},
+        "failurePolicy": {"maxRestarts": 10, "backoffSeconds": 2},
+        "training": {"model": "tiny", "steps": 40, "globalBatch": 8, "microBatch": 2,
+                     "progressEvery": 1, "metricsPort": 0},
+    },
+}
 NAMESPACE = "topotrain-demo"
 SECRET = "s3-credentials"
 T = TypeVar("T")
@@ -69,6 +89,8 @@ class Demo:
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
         self.operator: subprocess.Popen[bytes] | None = None
+        self.harness: PodProcessHarness | None = None
+        self.printed = 0
 
     def kubectl(self, *args: str) -> str:
         done = subprocess.run([str(bin_dir() / "kubectl"), *args], env=self.env, check=True,
@@ -78,7 +100,7 @@ class Demo:
     # --- set-up ---------------------------------------------------------------
 
     def start_operator(self) -> None:
-        self.kubectl("apply", "--server-side", "--force-conflicts", "-f",
+        self.kubectl("apply", "--server-side", "--force-conflicts", "--validate=false", "-f",
                      str(REPO / "crds" / "topotrain.io_trainingjobs.yaml"))
         self.kubectl("wait", "--for=condition=Established", "crd/trainingjobs.topotrain.io")
         log = self.workdir / "operator.log"
@@ -91,7 +113,7 @@ class Demo:
                 stderr=subprocess.STDOUT,
             )
 
-    def seed(self, bucket: str) -> CheckpointStore:
+    def prepare(self, bucket: str) -> CheckpointStore:
         s3 = self.bed.s3
         subprocess.run([str(bin_dir() / "kubectl"), "create", "namespace", NAMESPACE],
                        env=self.env, capture_output=True)
@@ -99,24 +121,33 @@ class Demo:
                         f"--from-literal=AWS_ACCESS_KEY_ID={s3.access_key}",
                         f"--from-literal=AWS_SECRET_ACCESS_KEY={s3.secret_key}"],
                        env=self.env, capture_output=True)
-        store = CheckpointStore(job_prefix(f"s3://{bucket}/elastic", NAMESPACE, "elastic"), client=s3.client())
-        mesh = {"tensor": 4, "pipeline": 2, "data": 4}
-        for step in (50, 100):
-            store.write_commit(step, mesh, 1 << 20)
-        store.client.put_object(Bucket=bucket, Key=f"{store.step_key(150)}/__0_0.distcp", Body=b"partial")
-        say(f"seeded {store.uri}: committed steps 50 and 100, and step 150 without COMMITTED "
-            "(an upload cut short: it must never be restored)")
-        return store
+        self.harness = PodProcessHarness(self.bed.kubeconfig, self.workdir / "harness", namespace=NAMESPACE).start()
+        say("started the pod process harness: KWOK nodes run no processes, so it runs each trainer "
+            f"pod's command as a local process (logs: {self.workdir / 'harness' / 'logs'})")
+        return CheckpointStore(job_prefix(f"s3://{bucket}/elastic", NAMESPACE, "elastic"), client=s3.client())
 
     def apply_job(self, bucket: str) -> None:
-        job = yaml.safe_load(JOB_FILE.read_text())
+        job = yaml.safe_load(yaml.safe_dump(DEMO_JOB))
         job["metadata"]["namespace"] = NAMESPACE
         job["spec"]["checkpoint"].update(uri=f"s3://{bucket}/elastic", endpoint=self.bed.s3.endpoint)
-        job["spec"]["failurePolicy"]["backoffSeconds"] = 2
-        say(f"applying {JOB_FILE.relative_to(REPO)}: tensor 4 x pipeline 2 x data 4 on 4-GPU pods, "
-            "H100 preferred, A100 fallback, minData 2")
+        say("applying a TrainingJob: tensor 2 x pipeline 2 x data 2 on 2-GPU pods (4 pods, 8 ranks of a "
+            "tiny Llama-style model), H100 preferred, A100 fallback, minData 1, a checkpoint every 5 steps")
         self.custom.create_namespaced_custom_object("topotrain.io", "v1alpha1", NAMESPACE,
                                                     "trainingjobs", job)
+
+    def stream(self, until: Callable[[dict[str, Any]], bool], timeout: float = 600) -> dict[str, Any]:
+        """Print the trainer's new log lines (losses, checkpoints) until `until(line)` holds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.harness is not None
+            lines = list(json_lines(self.harness.job_logs(NAMESPACE, "elastic")))
+            for line in lines[self.printed:]:
+                self.printed += 1
+                _print_event(line)
+                if until(line):
+                    return line
+            time.sleep(0.5)
+        raise SystemExit(f"demo: the trainer logged nothing expected for {timeout:.0f}s")
 
     # --- observing ------------------------------------------------------------
 
@@ -160,48 +191,78 @@ class Demo:
 
     def run(self, bucket: str) -> None:
         self.start_operator()
-        self.seed(bucket)
+        store = self.prepare(bucket)
         self.apply_job(bucket)
-        status = wait("the job Running", lambda: self.running(0, 4))
-        say(f"the gang is Running: attempt 0, resumed from step {status['checkpoint']['step']} "
-            "(the newest committed checkpoint)")
+        wait("the job Running", lambda: self.running(0, 2), timeout=300)
+        say("the gang is Running (attempt 0); the trainer starts (torch, gloo) and trains:")
         before = self.show_placement("attempt-0")
+        committed = self.stream(lambda e: e.get("event") == "checkpoint_committed")
+        self.stream(lambda e: e.get("event") == "step" and e["step"] >= committed["step"] + 3)
 
-        victim_index, victim = 3, before[3]
-        say(f"node {victim} (pod {victim_index}) goes NotReady: its kubelet stops reporting")
+        victim_index = max(before)
+        victim = before[victim_index]
+        say(f"node {victim} (pod {victim_index}) goes NotReady: its kubelet stops reporting and the "
+            "trainer processes on it die")
+        print(f"committed checkpoints in S3 now: {[c.step for c in store.list_committed()]}")
         node_not_ready(self.bed.kubeconfig, victim)
         try:
-            status = wait("the recovery", lambda: self.running(1, 4))
+            status = wait("the recovery", lambda: self.running(1, 2), timeout=300)
         finally:
             node_ready(self.bed.kubeconfig, victim)
         failure, recovery = status["lastFailure"], status["recovery"]
         say(f"failure detected: {failure['reason']}: {failure['message']}")
         after = self.show_placement("attempt-1")
         moved = sorted(i for i in after if after[i] != before.get(i))
-        print(f"pods moved: {moved} (the others restarted on their nodes); "
-              f"attempt {status['attempt']} resumed from step {recovery.get('resumeStep')} "
-              f"(step 150 was never committed); recovered in {recovery.get('lastSeconds')}s")
+        print(f"pods moved: {moved}; attempt {status['attempt']} resumes from step "
+              f"{recovery.get('resumeStep')}, the newest committed checkpoint; gang Running again "
+              f"{recovery.get('lastSeconds')}s after the failure")
+        restored = self.stream(lambda e: e.get("event") == "restored")
+        self.stream(lambda e: e.get("event") == "step" and e["step"] >= restored["step"] + 3)
 
-        say("kubectl scale tj/elastic --replicas=2: the data degree shrinks to 2")
-        self.kubectl("-n", NAMESPACE, "scale", "tj/elastic", "--replicas=2")
-        status = wait("data=2", lambda: self.running(2, 2))
+        say("kubectl scale tj/elastic --replicas=1: the data degree shrinks to 1, same global batch")
+        self.kubectl("-n", NAMESPACE, "scale", "tj/elastic", "--replicas=1")
+        status = wait("data=1", lambda: self.running(2, 1), timeout=300)
         print(f"Running with {len(self.pods())} pods, data={status['parallelism']['data']}, "
-              f"resumed from step {status['recovery'].get('resumeStep')}")
-        say("kubectl scale tj/elastic --replicas=4: it grows back")
-        self.kubectl("-n", NAMESPACE, "scale", "tj/elastic", "--replicas=4")
-        status = wait("data=4", lambda: self.running(3, 4))
+              f"resuming from step {status['recovery'].get('resumeStep')}")
+        restored = self.stream(lambda e: e.get("event") == "restored")
+        self.stream(lambda e: e.get("event") == "step" and e["step"] >= restored["step"] + 3)
+        say("kubectl scale tj/elastic --replicas=2: it grows back")
+        self.kubectl("-n", NAMESPACE, "scale", "tj/elastic", "--replicas=2")
+        status = wait("data=2", lambda: self.running(3, 2), timeout=300)
         print(f"Running with {len(self.pods())} pods, data={status['parallelism']['data']}; "
               f"restarts counted: {status['restarts']} (resizes are not failures)")
+        self.stream(lambda e: e.get("event") == "done")
+        wait("Succeeded", lambda: self.status().get("phase") == "Succeeded", timeout=120)
+        say(f"the job Succeeded; its checkpoints stay in S3: {[c.step for c in store.list_committed()]}")
+        print(self.kubectl("-n", NAMESPACE, "get", "tj", "-o", "wide"))
         print(self.kubectl("-n", NAMESPACE, "get", "events", "--field-selector",
                            "involvedObject.kind=TrainingJob", "--sort-by=.lastTimestamp"))
 
     def stop(self) -> None:
+        if self.harness is not None:
+            self.harness.stop()
         if self.operator is not None and self.operator.poll() is None:
             self.operator.terminate()
             try:
                 self.operator.wait(10)
             except subprocess.TimeoutExpired:
                 self.operator.kill()
+
+
+def _print_event(line: dict[str, Any]) -> None:
+    """One trainer log line, as a person wants to read it."""
+    event = line.get("event")
+    if event == "step":
+        print(f"    step {line['step']:>3}  loss {line['loss']:.4f}  ({line['step_seconds']:.2f} s)", flush=True)
+    elif event == "checkpoint_saved":
+        print(f"    checkpoint step {line['step']}: {line['mode']} save, training paused {line['stall_seconds']:.2f} s")
+    elif event == "checkpoint_committed":
+        print(f"    checkpoint step {line['step']} COMMITTED in S3 ({line['bytes'] / 1e6:.1f} MB)")
+    elif event == "restored":
+        print(f"    restored step {line['step']} from S3 onto mesh {line['mesh']} "
+              f"(consumed samples {line['consumed_samples']})")
+    elif event == "done":
+        print(f"    done at step {line['step']}")
 
 
 def _configuration(kubeconfig: Path) -> client.Configuration:

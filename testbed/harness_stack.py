@@ -102,12 +102,27 @@ class Stack:
         return self
 
     def __exit__(self, *_: object) -> None:
+        if self._api is not None:
+            self.delete_jobs()
         if self.harness is not None:
             self.harness.stop()
         self.stop_operator()
         self.helm("uninstall", self.release, "-n", self.namespace, "--wait=false", check=False)
         if self._api is not None:
             self._api.close()
+
+    def delete_jobs(self, timeout: float = 60.0) -> None:
+        """Delete the namespace's TrainingJobs while the operator still runs (it owns their
+        finalizer); whatever is left after `timeout` loses the finalizer, so the namespace can go."""
+        self.kubectl("delete", "trainingjobs", "--all", "-n", self.namespace, "--wait=false", check=False)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.operator_alive():
+            listed = self.kubectl("get", "trainingjobs", "-n", self.namespace, "-o", "name", check=False)
+            if listed.returncode == 0 and not listed.stdout.strip():
+                return
+            time.sleep(1)
+        for name in self.kubectl("get", "trainingjobs", "-n", self.namespace, "-o", "name", check=False).stdout.split():
+            self.kubectl("patch", name, "-n", self.namespace, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False)
 
     # --- tools -------------------------------------------------------------
 
