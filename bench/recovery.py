@@ -137,7 +137,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def run(kubeconfig: str, sizes: list[int], failures: int, seed: int) -> list[tuple[Any, ...]]:
     rows = []
-    subprocess.run([str(_kubectl()), "apply", "--server-side", "--force-conflicts", "-f",
+    subprocess.run([str(_kubectl()), "apply", "--server-side", "--force-conflicts", "--validate=false", "-f",
                     str(REPO / "crds" / "topotrain.io_trainingjobs.yaml")],
                    env={**os.environ, "KUBECONFIG": kubeconfig}, check=True, capture_output=True)
     with api_client(kubeconfig) as api:

@@ -133,6 +133,13 @@ class JobLoop:
             await asyncio.to_thread(self.actuator.apply, self.key, self.body, spec, decision)
         for kind, reason, message in decision.events:
             kopf.event(self.body, type=kind, reason=reason, message=message)
+            log.info("%s/%s %s %s: %s", *self.key, kind, reason, message)
+        if decision.launch or decision.delete or decision.release:
+            launch = decision.launch
+            log.info("%s/%s phase %s: delete %d, create %s, release %d", *self.key,
+                     decision.status.phase, len(decision.delete),
+                     f"attempt {launch.attempt} x{len(launch.only or launch.assignments)}" if launch else "-",
+                     len(decision.release))
         self._observe_metrics(decision, ckpt)
         METRICS.reconcile.observe(time.perf_counter() - started)
         return decision.requeue_after

@@ -50,8 +50,15 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float = WAIT) ->
     pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
+_INSTALLED: set[Path] = set()
+
+
 def install_crd(kube: Kube) -> None:
-    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    """Apply the generated CRD once per session (no client-side OpenAPI download)."""
+    if kube.kubeconfig in _INSTALLED:
+        return
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "--validate=false", "-f", str(CRD))
+    _INSTALLED.add(kube.kubeconfig)
     kube.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                  "crd/trainingjobs.topotrain.io")
 

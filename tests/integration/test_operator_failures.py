@@ -63,10 +63,13 @@ def test_node_not_ready_replaces_its_pod_in_the_same_rack(cluster: Cluster) -> N
     cluster.apply(cluster.manifest("llm"))
     before = {int(p.metadata.labels["topotrain.io/index"]): p.spec.node_name
               for p in wait_for("Running", lambda: cluster.running_gang("llm", 0, 4))}
-    lost_index, lost_node = 2, before[2]
-    rack = lost_node.rsplit("-n", 1)[0]
-    free_in_rack = [n for n in cluster.nodes if n.startswith(rack + "-") and n not in before.values()]
-    assert free_in_rack, "the test needs a free node in the lost node's rack"
+    free = [n for n in cluster.nodes if n not in before.values()]
+    rack_of = {n: n.rsplit("-n", 1)[0] for n in cluster.nodes}
+    # a pod whose rack still has a free node (6 nodes, 4 pods: such a rack exists)
+    lost_index, lost_node = next((i, n) for i, n in sorted(before.items())
+                                 if any(rack_of[f] == rack_of[n] for f in free))
+    rack = rack_of[lost_node]
+    free_in_rack = [f for f in free if rack_of[f] == rack]
     node_not_ready(cluster.kube.kubeconfig, lost_node)
     try:
         after = {int(p.metadata.labels["topotrain.io/index"]): p.spec.node_name
