@@ -177,29 +177,36 @@ class Checkpointer:
     def _finish(self, step: int, future: Future[Any], local: Path) -> None:
         """Upload this rank's files, agree with all ranks, and let rank 0 commit."""
         began = time.perf_counter()
-        uploaded, error = 0, ""
+        uploaded, upload_seconds, error = 0, 0.0, ""
         try:
             future.result()
+            upload_began = time.perf_counter()
             for path in sorted(p for p in local.iterdir() if p.is_file()):
                 self.store.upload_file(step, path.name, path)
                 uploaded += path.stat().st_size
+            upload_seconds = time.perf_counter() - upload_began
         except Exception as err:
             error = f"{type(err).__name__}: {err}"
         finally:
             shutil.rmtree(local, ignore_errors=True)
         reports: list[Any] = [None] * dist.get_world_size(self.group)
-        dist.all_gather_object(reports, (uploaded, error), group=self.group)
-        if self.rank != 0:
-            return
-        failures = [f"rank {r}: {e}" for r, (_, e) in enumerate(reports) if e]
-        total = sum(int(b) for b, _ in reports)
-        seconds = time.perf_counter() - began
+        dist.all_gather_object(reports, (uploaded, upload_seconds, error), group=self.group)
+        if self.rank == 0:
+            self._commit(step, reports, time.perf_counter() - began)
+
+    def _commit(self, step: int, reports: list[Any], seconds: float) -> None:
+        failures = [f"rank {rank}: {error}" for rank, (_, _, error) in enumerate(reports) if error]
+        total = sum(int(sent) for sent, _, _ in reports)
         if not failures:
             try:
                 self.store.write_commit(step, self.mesh_sizes, total)
                 deleted = self.store.apply_retention(self.keep)
-                self.on_event({"event": "checkpoint_committed", "step": step, "bytes": total,
-                               "upload_seconds": round(seconds, 3), "deleted": deleted})  # fmt: skip
+                self.on_event({
+                    "event": "checkpoint_committed", "step": step, "bytes": total,
+                    "seconds": round(seconds, 4),
+                    "upload_seconds": round(max(float(s) for _, s, _ in reports), 4),
+                    "deleted": deleted,
+                })  # fmt: skip
                 return
             except Exception as err:
                 failures.append(f"commit: {type(err).__name__}: {err}")
