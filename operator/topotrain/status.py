@@ -177,15 +177,15 @@ def set_condition(
         out.append(
             Condition(
                 type=type_, status=value, reason=reason, message=message,  # type: ignore[arg-type]
-                lastTransitionTime=(now or now_iso()) if flipped else cond.last_transition_time,
-                observedGeneration=generation,
+                last_transition_time=(now or now_iso()) if flipped else cond.last_transition_time,
+                observed_generation=generation,
             )
         )
     if not found:
         out.append(
             Condition(
                 type=type_, status=value, reason=reason, message=message,  # type: ignore[arg-type]
-                lastTransitionTime=now or now_iso(), observedGeneration=generation,
+                last_transition_time=now or now_iso(), observed_generation=generation,
             )
         )
     return out
