@@ -177,7 +177,7 @@ class StatusBuilder:
     def record_failure(self, failure: Failure) -> None:
         self.status.last_failure = FailureRecord(
             reason=failure.reason, message=failure.message, time=iso(self.now),
-            pod=failure.pod, node=failure.node, exitCode=failure.exit_code,
+            pod=failure.pod, node=failure.node, exit_code=failure.exit_code,
         )
         self.set(C.READY, False, failure.reason, failure.message)
         if failure.reason == Reason.PROGRESS_STALLED:
@@ -191,7 +191,7 @@ class StatusBuilder:
         st.phase = "Recovering"
         started = st.last_failure.time if st.last_failure else iso(self.now)
         st.recovery = RecoveryStatus(
-            lastSeconds=st.recovery.last_seconds if st.recovery else None, started=started,
+            last_seconds=st.recovery.last_seconds if st.recovery else None, started=started,
         )
         self.set(C.RECOVERING, True, Reason.BACKOFF if verdict.delay_seconds else Reason.RESTARTED,
                  verdict.message)
@@ -201,7 +201,7 @@ class StatusBuilder:
         st.attempt = next_attempt
         st.phase = "Recovering"
         st.recovery = RecoveryStatus(
-            lastSeconds=st.recovery.last_seconds if st.recovery else None,
+            last_seconds=st.recovery.last_seconds if st.recovery else None,
             started=iso(self.now), mode=elastic.resize_kind(request.current, new_data) or "resize",
         )
         message = f"{request.message}: data {request.current} -> {new_data}"
