@@ -124,9 +124,18 @@ def measure(bed: Testbed, name: str, nodes: int, pods: bool) -> Phase:
     return phase
 
 
+SHORT = {
+    "etcd": "etcd",
+    "kube-apiserver": "apiserver",
+    "kube-controller-manager": "ctrl-mgr",
+    "kube-scheduler": "scheduler",
+    "kwok": "kwok",
+}
+
+
 def print_table(phases: list[Phase]) -> None:
-    columns = ["nodes", "create s", "all Ready s", "pods Running s"] + [
-        f"{c} MiB" for c in COMPONENTS
+    columns = ["nodes", "create s", "Ready s", "pods Run s"] + [
+        f"{SHORT[c]} MiB" for c in COMPONENTS
     ]
 
     def values(p: Phase) -> list[float]:
@@ -136,10 +145,13 @@ def print_table(phases: list[Phase]) -> None:
     rows = [(p.name, values(p)) for p in phases]
     base, scale = rows[0][1], rows[-1][1]
     rows.append(("ratio", [s / b if b else float("nan") for s, b in zip(scale, base, strict=True)]))
-    width = max(len(c) for c in columns) + 2
-    print("".join(["phase".ljust(10)] + [c.rjust(width) for c in columns]))
+    widths = [max(len(c), 7) + 2 for c in columns]
+    print("phase".ljust(10) + "".join(c.rjust(w) for c, w in zip(columns, widths, strict=True)))
     for label, vals in rows:
-        cells = [f"{v:>{width - 1}.2f}x" if label == "ratio" else f"{v:>{width}.1f}" for v in vals]
+        cells = [
+            f"{v:>{w - 1}.2f}x" if label == "ratio" else f"{v:>{w}.1f}"
+            for v, w in zip(vals, widths, strict=True)
+        ]
         print(label.ljust(10) + "".join(cells))
 
 
