@@ -42,7 +42,6 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.INFO
     settings.posting.enabled = True
     settings.watching.server_timeout = 300
-    settings.batching.worker_limit = 64
     # Serve exactly the configured namespaces and the CRDs present at startup: no RBAC on
     # namespaces or CRDs is needed, and no start-up delay retrying forbidden LISTs.
     settings.scanning.disabled = True

@@ -217,10 +217,10 @@ def _steady(
         current, expected, obs.nodes, obs.spec.failure_policy, started=True
     )
     running = len(live) == expected and all(p.phase in ("Running", "Succeeded") for p in live)
-    if failure is None and running:
+    if failure is None and running and obs.checkpoint is not None:
+        # progress.json lives in the checkpoint prefix: no checkpoint store, no hang detection
         failure = policy.stalled_failure(
-            obs.checkpoint.progress_time if obs.checkpoint else None,
-            sb.running_since(), obs.spec.failure_policy, obs.now,
+            obs.checkpoint.progress_time, sb.running_since(), obs.spec.failure_policy, obs.now,
         )
     if failure is not None:
         _on_failure(obs, sb, decision, attempt, current, failure)

@@ -297,3 +297,9 @@ def test_status_unchanged_on_a_quiet_pass() -> None:
     d1, after = run(obs, pods=gang(0), now=T0 + timedelta(seconds=30))
     d2, _ = run(after, pods=gang(0), now=T0 + timedelta(seconds=60))
     assert d1.status == d2.status and not d2.events
+
+
+def test_no_hang_detection_without_a_checkpoint_store() -> None:
+    obs = running_job(spec=spec(progressTimeoutSeconds=60), checkpoint=None)
+    d, _ = run(obs, pods=gang(0), now=T0 + timedelta(hours=2), checkpoint=None)
+    assert d.launch is None and d.status.phase == "Running"
