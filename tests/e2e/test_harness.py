@@ -105,7 +105,7 @@ def test_pod_command_runs_with_resolved_env_and_exit_code_becomes_status(
     kube.core.create_namespaced_config_map(
         namespace, {"metadata": {"name": "cfg"}, "data": {"v": "from-configmap"}}
     )
-    env = [
+    env: list[dict[str, Any]] = [
         {"name": "SECRET", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "key"}}},
         {"name": "CONFIG", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "v"}}},
         {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
