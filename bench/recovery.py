@@ -146,12 +146,8 @@ def run(kubeconfig: str, sizes: list[int], failures: int, seed: int) -> list[tup
             print(f"creating {nodes} KWOK GPU nodes ...", flush=True)
             names = apply_topology(kubeconfig, topology(nodes))
             wait_nodes_ready(kubeconfig, names, 600)
-            namespace = f"bench-recovery-{nodes}"
-            try:
-                core.create_namespace({"metadata": {"name": namespace}})
-            except client.ApiException as exc:
-                if exc.status != 409:
-                    raise
+            namespace = f"bench-recovery-{nodes}-{os.getpid()}"
+            core.create_namespace({"metadata": {"name": namespace}})
             results = {}
             for strategy in ("incremental", "recreate"):
                 results[strategy] = measure(api, kubeconfig, namespace, nodes, strategy, failures,
