@@ -333,10 +333,10 @@ class Stack:
         return created
 
     def job(self, name: str) -> dict[str, Any]:
-        raw = self.custom.get_namespaced_custom_object(
+        raw = _retrying(lambda: self.custom.get_namespaced_custom_object(
             GROUP, VERSION, self.namespace, PLURAL, name, _preload_content=False
-        )
-        job: dict[str, Any] = json.loads(raw.data)
+        ).data)  # fmt: skip
+        job: dict[str, Any] = json.loads(raw)
         return job
 
     def wait_job(
@@ -363,16 +363,28 @@ class Stack:
             time.sleep(0.5)
 
     def pods(self, job: str) -> list[dict[str, Any]]:
-        raw = self.core.list_namespaced_pod(
+        raw = _retrying(lambda: self.core.list_namespaced_pod(
             self.namespace, label_selector=f"topotrain.io/job={job}", _preload_content=False
-        )
-        pods: list[dict[str, Any]] = json.loads(raw.data)["items"]
+        ).data)  # fmt: skip
+        pods: list[dict[str, Any]] = json.loads(raw)["items"]
         return pods
 
     def events(self, job: str) -> list[dict[str, Any]]:
         """The trainer's JSON log lines of every run of the job's pods (global rank 0 writes them)."""
         assert self.harness is not None
         return list(json_lines(self.harness.job_logs(self.namespace, job)))
+
+
+def _retrying(call: Callable[[], bytes], attempts: int = 30) -> bytes:
+    """`call()`, asked again while an overloaded API server times out (5xx, broken reads)."""
+    for attempt in range(attempts):
+        try:
+            return call()
+        except (ApiException, OSError, urllib3.exceptions.HTTPError) as err:
+            if (isinstance(err, ApiException) and 0 < err.status < 500) or attempt == attempts - 1:
+                raise
+            time.sleep(1)
+    raise AssertionError("unreachable")
 
 
 def step_losses(events: list[dict[str, Any]]) -> dict[int, float]:
