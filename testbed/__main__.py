@@ -82,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start (what is not running) and optionally create nodes")
     up.add_argument("--topology", type=Path, help="a file from examples/clusters/")
-    up.add_argument("--timeout", type=float, default=180.0)
+    up.add_argument("--timeout", type=float, default=300.0)
     up.set_defaults(run=_up)
     down = sub.add_parser("down", help="stop every testbed process")
     down.add_argument("--purge", action="store_true", help="also delete the state directory")

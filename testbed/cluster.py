@@ -107,7 +107,7 @@ class Testbed:
         return all(self.process(n).running() for n, _ in CONTROL_PLANE) and self._apiserver_ready()
 
     def up(
-        self, topology: Path | str | dict[str, object] | None = None, timeout: float = 120.0
+        self, topology: Path | str | dict[str, object] | None = None, timeout: float = 300.0
     ) -> None:
         """Start whatever is not running, then apply `topology` (if given) and wait for its nodes."""
         settings = self.settings()
@@ -170,7 +170,7 @@ class Testbed:
 
     @contextlib.contextmanager
     def session(
-        self, topology: Path | str | dict[str, object] | None = None, timeout: float = 180.0
+        self, topology: Path | str | dict[str, object] | None = None, timeout: float = 300.0
     ) -> Iterator[Testbed]:
         """Use the testbed for one test session, starting it if needed.
 
@@ -199,8 +199,7 @@ class Testbed:
                 alive = [p for p in users.iterdir() if _pid_alive(int(p.name))]
                 marker = self.root / "started-by-session"
                 if not alive and marker.exists():
-                    self.down()
-                    marker.unlink()
+                    self.down()  # removes the marker too
 
     # --- readiness -------------------------------------------------------
 

@@ -40,11 +40,12 @@ def _group_members(pgid: int) -> list[int]:
 def test_down_leaves_no_process_behind(kube: Kube, tmp_path: Path) -> None:
     kube.require_testbed("the local launcher")  # binaries are known to exist
     bed = Testbed(tmp_path / "testbed")
-    bed.up()
-    pids = [row.pid for row in bed.status() if row.pid]
+    try:
+        bed.up()
+        pids = [row.pid for row in bed.status() if row.pid]
+    finally:
+        stopped = bed.down()
     assert len(pids) == 6
-
-    stopped = bed.down()
 
     assert sorted(stopped) == sorted(row.name for row in bed.status())
     assert all(row.pid is None for row in bed.status())
