@@ -15,7 +15,7 @@ from testbed.harness_stack import Stack
 LOSS_RTOL = 1e-4
 STEPS = 12
 INTERVAL = 4
-JOB_TIMEOUT = 600.0
+JOB_TIMEOUT = 900.0
 
 TRAINING: dict[str, Any] = {
     "model": "tiny", "steps": STEPS, "globalBatch": 8, "microBatch": 2,

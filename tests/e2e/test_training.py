@@ -47,7 +47,9 @@ def test_3d_job_trains_writes_async_checkpoints_and_completes(reference: dict[st
     assert sorted(losses) == list(range(1, STEPS + 1))
     assert losses[STEPS] < losses[1], "the loss goes down"
     saved = [e for e in events if e.get("event") == "checkpoint_saved"]
-    assert [e["step"] for e in saved] == [4, 8, 12] and {e["mode"] for e in saved} == {"async"}
+    # (A loaded machine may restart even this run, when a node misses heartbeats: the same steps
+    # are then saved again, and every loss is still the same.)
+    assert {e["step"] for e in saved} == {4, 8, 12} and {e["mode"] for e in saved} == {"async"}
     # Completion: Succeeded, pods gone, checkpoints kept in S3 (keep=3).
     assert job["status"]["phase"] == "Succeeded"
     assert reference["committed"] == [4, 8, 12]
