@@ -66,7 +66,8 @@ def gpu_pods_index(body: kopf.Body, **_: Any) -> dict[str, Any]:
 
 
 @kopf.on.event("pods", when=lambda body, **_: requests_gpus(body))
-def pod_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+async def pod_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+    # async: it runs in the event loop, where the loops' asyncio.Events may be set
     op = STATE.get("op")
     if op is None:
         return
@@ -79,7 +80,7 @@ def pod_event(body: kopf.Body, type: str | None, **_: Any) -> None:
 
 
 @kopf.on.event("nodes")
-def node_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+async def node_event(body: kopf.Body, type: str | None, **_: Any) -> None:
     op = STATE.get("op")
     if op is None:
         return
