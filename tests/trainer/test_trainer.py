@@ -92,18 +92,6 @@ def test_bad_training_config_exits_with_ex_config(tmp_path: Path) -> None:
     assert "globalBatch=7" in message["error"]
 
 
-def test_3d_parallel_matches_single_process_reference(tmp_path: Path) -> None:
-    config = training(tmp_path, steps=3, schedule="1f1b")
-    run = TrainerRun(trainer_env(tensor=2, pipeline=2, data=2, training=config))
-    assert run.finish() == 0, run.tail()
-    ref_losses, ref_norms = reference_run(TrainingConfig.from_mapping(config))
-    assert list(run.losses()) == [1, 2, 3]
-    for step, loss in run.losses().items():
-        assert loss == pytest.approx(ref_losses[step - 1], abs=LOSS_TOL), f"step {step}"
-        assert run.grad_norms()[step] == pytest.approx(ref_norms[step - 1], rel=LOSS_TOL)
-    assert ref_losses[-1] < ref_losses[0]  # it learns
-
-
 def test_uninterrupted_dp2_matches_reference(baseline: Baseline, tmp_path: Path) -> None:
     ref_losses, _ = reference_run(TrainingConfig.from_mapping(training(tmp_path)))
     assert [baseline.losses[s] for s in range(1, STEPS + 1)] == pytest.approx(
@@ -230,3 +218,15 @@ def test_s3_outage_during_async_save_fails_that_checkpoint_only(
         assert store.read_commit(step) is not None
     assert [c.step for c in store.list_committed()][-1] == STEPS
     assert run.losses() == baseline.losses  # an outage never perturbs training
+
+
+def test_3d_parallel_matches_single_process_reference(tmp_path: Path) -> None:
+    config = training(tmp_path, steps=3, schedule="1f1b")
+    run = TrainerRun(trainer_env(tensor=2, pipeline=2, data=2, training=config))
+    assert run.finish() == 0, run.tail()
+    ref_losses, ref_norms = reference_run(TrainingConfig.from_mapping(config))
+    assert list(run.losses()) == [1, 2, 3]
+    for step, loss in run.losses().items():
+        assert loss == pytest.approx(ref_losses[step - 1], abs=LOSS_TOL), f"step {step}"
+        assert run.grad_norms()[step] == pytest.approx(ref_norms[step - 1], rel=LOSS_TOL)
+    assert ref_losses[-1] < ref_losses[0]  # it learns

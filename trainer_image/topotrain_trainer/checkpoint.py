@@ -38,13 +38,16 @@ import torch
 import torch.distributed as dist
 from topotrain.checkpoints import CheckpointStore
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.checkpoint.stateful import Stateful
 
 log = logging.getLogger("topotrain_trainer.checkpoint")
+# Optimizer state keyed per parameter name (not per param group), so a pipeline
+# stage loads exactly its parameters' state from a checkpoint of any split.
+STATE_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 class Progress:
@@ -75,7 +78,7 @@ class AppState(Stateful):
         self.load_rng = True  # set False when the saved mesh differs (RNG streams are per rank)
 
     def state_dict(self) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=STATE_OPTIONS)
         state: dict[str, Any] = {
             "model": model_sd,
             "optim": optim_sd,
@@ -93,6 +96,7 @@ class AppState(Stateful):
             self.optimizer,
             model_state_dict=state["model"],
             optim_state_dict=state["optim"],
+            options=STATE_OPTIONS,
         )
         self.scheduler.load_state_dict(state["scheduler"])
         self.progress.step = int(state["step"])
