@@ -124,22 +124,27 @@ class JobLoop:
             snapshot = Snapshot.take(_values(nodes), _values(pods), self.op.ledger)
             obs = self._observed(spec, status, snapshot, ckpt, table, problem)
             decision = rec.reconcile(obs)
-            if decision.launch is not None and not self.observer.fresh(self.key):
+            fresh_needed = spec.checkpoint is not None and not self.observer.fresh(self.key)
+            if decision.launch is not None and fresh_needed:
                 _, ckpt = await asyncio.to_thread(self.observer.checkpoint, self.key, spec, status, True)
                 decision = rec.reconcile(replace(obs, checkpoint=ckpt))
             # Intent first: the status (attempt, restarts, failure) is durable before any pod
             # changes, so an operator killed at any line resumes without losing or repeating it.
+            decided = time.perf_counter()
             await self._write_status(decision.status)
+            written = time.perf_counter()
             await asyncio.to_thread(self.actuator.apply, self.key, self.body, spec, decision)
+            acted = time.perf_counter()
         for kind, reason, message in decision.events:
             kopf.event(self.body, type=kind, reason=reason, message=message)
             log.info("%s/%s %s %s: %s", *self.key, kind, reason, message)
         if decision.launch or decision.delete or decision.release:
             launch = decision.launch
-            log.info("%s/%s phase %s: delete %d, create %s, release %d", *self.key,
+            log.info("%s/%s phase %s: delete %d, create %s, release %d "
+                     "(observe+decide %.2fs, status %.2fs, act %.2fs)", *self.key,
                      decision.status.phase, len(decision.delete),
                      f"attempt {launch.attempt} x{len(launch.only or launch.assignments)}" if launch else "-",
-                     len(decision.release))
+                     len(decision.release), decided - started, written - decided, acted - written)
         self._observe_metrics(decision, ckpt)
         METRICS.reconcile.observe(time.perf_counter() - started)
         return decision.requeue_after
