@@ -72,7 +72,8 @@ def job_manifest(name: str, namespace: str, nodes: int) -> dict[str, Any]:
 
 @contextmanager
 def operator(kubeconfig: str, namespace: str, strategy: str, log: Path) -> Iterator[None]:
-    env = {**os.environ, "KUBECONFIG": kubeconfig, "TOPOTRAIN_RECONCILE_INTERVAL": "5"}
+    path = os.pathsep.join(filter(None, [str(REPO / "operator"), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "KUBECONFIG": kubeconfig, "TOPOTRAIN_RECONCILE_INTERVAL": "5", "PYTHONPATH": path}
     with log.open("ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "topotrain.cli", "run", "--standalone", "--namespace", namespace,

@@ -74,8 +74,10 @@ class OperatorProcess:
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> OperatorProcess:
+        # PYTHONPATH: this checkout's operator, whatever checkout the shared venv was installed from
+        path = os.pathsep.join(filter(None, [str(REPO / "operator"), os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "TOPOTRAIN_RECONCILE_INTERVAL": "1",
-               "TOPOTRAIN_CHECKPOINT_POLL": "1", **self.env}
+               "TOPOTRAIN_CHECKPOINT_POLL": "1", "PYTHONPATH": path, **self.env}
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "topotrain.cli", "run", "--standalone",
