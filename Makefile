@@ -2,6 +2,8 @@
 SHELL := /bin/bash
 VENV = $(shell scripts/bootstrap.sh trainer | tail -n 1)
 BIN = $(shell testbed/build.sh | tail -n 1)
+# This checkout's code first: the cached venv is shared by every checkout on the machine.
+export PYTHONPATH := $(CURDIR)/operator:$(CURDIR)/trainer_image:$(CURDIR)
 
 .PHONY: help venv test unit lint crds demo bench kind-e2e clean
 help:

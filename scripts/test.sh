@@ -9,6 +9,8 @@ cd "$root"
 venv=$(scripts/bootstrap.sh trainer | tail -n 1)
 bin=$(testbed/build.sh | tail -n 1)
 export PATH="$venv/bin:$bin:$PATH"
+# This checkout's code first: the cached venv is shared by every checkout on the machine.
+export PYTHONPATH="$root/operator:$root/trainer_image:$root${PYTHONPATH:+:$PYTHONPATH}"
 # mypy analyses torch on a cold cache (minutes): keep its cache with the other builds.
 export MYPY_CACHE_DIR=${MYPY_CACHE_DIR:-${TOPOTRAIN_CACHE:-$HOME/.cache/topotrain}/mypy}
 echo "== ruff"

@@ -9,6 +9,15 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO_ROOT / "testbed" / "build.sh"
 
 
+def code_path() -> str:
+    """PYTHONPATH holding this checkout's packages: what an image built from it would run.
+
+    The cached venv is shared by every checkout on the machine and its editable
+    install points at whichever checkout bootstrapped last, so processes we
+    start (trainer pods, the operator) get this checkout's code explicitly."""
+    return os.pathsep.join(str(REPO_ROOT / part) for part in ("operator", "trainer_image"))
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("TOPOTRAIN_CACHE", Path.home() / ".cache" / "topotrain"))
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from testbed.binaries import REPO_ROOT
+from testbed.binaries import REPO_ROOT, code_path
 
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
@@ -186,6 +186,7 @@ def process_env(
     python_bin = str(Path(sys.executable).parent)
     base["PATH"] = f"{python_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}"
     base["PYTHONUNBUFFERED"] = "1"
+    base["PYTHONPATH"] = code_path()
     env = {**base, **container_vars}
     if MASTER_ADDR in env:
         env[MASTER_ADDR] = LOCAL_ADDR

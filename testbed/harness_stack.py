@@ -34,7 +34,7 @@ import urllib3
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from testbed.binaries import REPO_ROOT, bin_dir
+from testbed.binaries import REPO_ROOT, bin_dir, code_path
 from testbed.harness import PodProcessHarness
 from testbed.harness_env import container_argv, container_env, decode_secret
 from testbed.harness_proc import json_lines, signal_group
@@ -256,6 +256,7 @@ class Stack:
         env = {
             **basics,
             "PATH": path,
+            "PYTHONPATH": code_path(),
             **env,
             "HOME": str(self.workdir),
             "KUBECONFIG": str(kubeconfig),
