@@ -68,5 +68,7 @@ class Actuator:
             for name in missing:
                 self.ledger.forget(job.namespace, name)
             return
+        if not launch.release:
+            return
         every = [pod_name(job.name, launch.attempt, i) for i in sorted(launch.assignments)]
         self.kube.release_pods(job.namespace, every)

@@ -69,6 +69,7 @@ class Launch:
     resume_step: int | None
     mode: str
     only: tuple[int, ...] = ()  # create just these indices (finishing a half-created gang)
+    release: bool = True  # False: older pods still hold the nodes; a later pass releases the gate
 
 
 @dataclass
@@ -177,9 +178,12 @@ def _launch(
     resume = None if ckpt is None else ckpt.step
     previous_data = sb.status.parallelism.data if sb.status.parallelism else outcome.data
     sb.placed(outcome, obs.spec.parallelism, previous_data, resume)
+    # Gated pods are never tried by the scheduler, so holding the gate until the older attempt's
+    # pods are gone avoids the scheduler's backoff on nodes they still occupy.
     decision.launch = Launch(
         attempt=attempt, data=outcome.data, pool=outcome.pool,
         assignments=dict(outcome.assignments), resume_step=resume, mode=outcome.mode,
+        release=not _blocking(obs, attempt, set(outcome.assignments.values())),
     )
     decision.placement_cost = outcome.cost
 
@@ -238,6 +242,9 @@ def _finish_creating(
     """Every pod is still gated: create the missing ones, or release them all together."""
     missing = tuple(i for i in range(expected) if i not in {p.index for p in live})
     if not missing:
+        if _blocking(obs, attempt, {p.where for p in live}):
+            decision.requeue_after = WAIT_SHORT  # their deletion events wake us sooner
+            return
         decision.release = [p.name for p in live]
         return
     table = obs.rank_table
@@ -250,6 +257,14 @@ def _finish_creating(
         return
     decision.delete += [p.name for p in live]  # no record of the plan: start this attempt over
     decision.requeue_after = WAIT_SHORT
+
+
+def _blocking(obs: Observed, attempt: int, nodes: set[str]) -> bool:
+    """Older pods still on healthy nodes the new gang needs (pods on lost nodes never block)."""
+    return any(
+        p.attempt < attempt and p.where in nodes and p.where in obs.nodes and obs.nodes[p.where].ready
+        for p in obs.pods
+    )
 
 
 def _resume_of(obs: Observed) -> int | None:

@@ -303,3 +303,16 @@ def test_no_hang_detection_without_a_checkpoint_store() -> None:
     obs = running_job(spec=spec(progressTimeoutSeconds=60), checkpoint=None)
     d, _ = run(obs, pods=gang(0), now=T0 + timedelta(hours=2), checkpoint=None)
     assert d.launch is None and d.status.phase == "Running"
+
+
+def test_replacement_gate_opens_only_after_the_old_gang_is_gone() -> None:
+    obs = running_job()
+    pods = list(gang(0))
+    pods[1] = replace(pods[1], phase="Failed", exit_code=1)
+    d, after = run(obs, pods=tuple(pods))
+    assert d.launch is not None and d.launch.release is False
+    terminating = tuple(replace(p, terminating=True) for p in pods)
+    d2, after = run(after, pods=terminating + gang(1, phase="Pending", gated=True))
+    assert not d2.release and d2.launch is None
+    d3, _ = run(after, pods=gang(1, phase="Pending", gated=True))
+    assert sorted(d3.release) == [f"job-1-{i}" for i in range(4)]
