@@ -118,6 +118,7 @@ def _run(args: argparse.Namespace) -> int:
         namespaces=list(SETTINGS.namespaces),
         standalone=SETTINGS.standalone,
         peering_name=SETTINGS.peering or None,
+        priority=SETTINGS.peering_priority,
         liveness_endpoint=liveness,
     ))
     return 0

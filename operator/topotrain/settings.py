@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -51,6 +52,7 @@ class Settings:
     | checkpoint_poll | TOPOTRAIN_CHECKPOINT_POLL seconds (S3 re-read while Running) | 10 |
     | recovery | TOPOTRAIN_RECOVERY: incremental or recreate | incremental |
     | pod_grace_seconds | TOPOTRAIN_POD_GRACE_SECONDS (deleting a gang) | 30 |
+    | peering_priority | TOPOTRAIN_PEERING_PRIORITY (highest replica acts) | random per process |
     """
 
     namespaces: tuple[str, ...] = ()
@@ -64,6 +66,9 @@ class Settings:
     checkpoint_poll: float = 10.0
     recovery: RecoveryStrategy = "incremental"
     pod_grace_seconds: int = 30
+    # kopf pauses every replica that sees a peer of equal priority, so replicas
+    # must differ: the highest one acts, the others wait to take over.
+    peering_priority: int = field(default_factory=lambda: random.SystemRandom().randint(1, 1_000_000))
     verbose: bool = False
 
     @property
@@ -98,6 +103,7 @@ class Settings:
             checkpoint_poll=_seconds(env, "TOPOTRAIN_CHECKPOINT_POLL", base.checkpoint_poll),
             recovery=_strategy(recovery, "TOPOTRAIN_RECOVERY"),
             pod_grace_seconds=int(_seconds(env, "TOPOTRAIN_POD_GRACE_SECONDS", base.pod_grace_seconds)),
+            peering_priority=_integer(env, "TOPOTRAIN_PEERING_PRIORITY", base.peering_priority),
             verbose=env.get("TOPOTRAIN_VERBOSE", "").lower() in {"1", "true", "yes"},
         )
 
@@ -164,6 +170,14 @@ def _port(env: Mapping[str, str], key: str, default: int) -> int:
         return _check_port(int(raw), key)
     except ValueError:
         raise SettingsError(f"{key}={raw!r}: not an integer port") from None
+
+
+def _integer(env: Mapping[str, str], key: str, default: int) -> int:
+    raw = env.get(key, "").strip()
+    try:
+        return int(raw) if raw else default
+    except ValueError:
+        raise SettingsError(f"{key}={raw!r}: not an integer") from None
 
 
 def _seconds(env: Mapping[str, str], key: str, default: float) -> float:

@@ -48,3 +48,12 @@ def test_label_overrides() -> None:
 def test_bad_values_name_the_variable(env: dict[str, str]) -> None:
     with pytest.raises(SettingsError, match=next(iter(env))):
         Settings.from_env(env)
+
+
+def test_replicas_get_distinct_peering_priorities_unless_pinned() -> None:
+    # kopf pauses every replica that sees a peer of the same priority: HA needs them distinct.
+    priorities = {Settings.from_env({}).peering_priority for _ in range(20)}
+    assert len(priorities) > 1
+    assert Settings.from_env({"TOPOTRAIN_PEERING_PRIORITY": "7"}).peering_priority == 7
+    with pytest.raises(SettingsError, match="TOPOTRAIN_PEERING_PRIORITY"):
+        Settings.from_env({"TOPOTRAIN_PEERING_PRIORITY": "high"})
