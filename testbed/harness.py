@@ -55,18 +55,16 @@ from testbed.harness_proc import (
     PodExit,
     PodLaunch,
     PodRun,
-    group_alive,
     json_lines,
     kill_recorded,
     now,
     record_pid,
-    signal_group,
     spawn,
     tail,
     terminated_status,
 )
 from testbed.kube import api_client, core_v1
-from testbed.procs import free_port
+from testbed.procs import free_port, group_alive, signal_group
 
 JOB_LABEL = "topotrain.io/job"
 ATTEMPT_LABEL = "topotrain.io/attempt"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shlex
 import signal
 import subprocess
@@ -15,6 +14,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from testbed.procs import signal_group
 
 HEADER_PREFIX = "# harness"
 
@@ -80,28 +81,6 @@ def start_ticks(pid: int) -> str | None:
     except (OSError, IndexError):
         return None
     return None if fields[0] in ("Z", "X") else fields[19]
-
-
-def signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether any non-zombie process is left in the group."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError):
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-                    return True
-    return False
 
 
 def tail(path: Path, limit: int = 2048) -> str:

@@ -37,9 +37,9 @@ from kubernetes.client.exceptions import ApiException
 from testbed.binaries import REPO_ROOT, bin_dir, code_path
 from testbed.harness import PodProcessHarness
 from testbed.harness_env import container_argv, container_env, decode_secret
-from testbed.harness_proc import json_lines, signal_group
+from testbed.harness_proc import json_lines
 from testbed.kube import api_client, core_v1
-from testbed.procs import free_port, wait_until
+from testbed.procs import free_port, signal_group, wait_until
 
 if TYPE_CHECKING:
     from testbed.kube import Kube

@@ -101,15 +101,15 @@ class ManagedProcess:
         self.pid_file.unlink(missing_ok=True)
         if pid is None:
             return False
-        _signal_group(pid, signal.SIGTERM)
+        signal_group(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             _reap(pid)
-            if _start_ticks(pid) is None and not _group_alive(pid):
+            if _start_ticks(pid) is None and not group_alive(pid):
                 _reap(pid)  # it may have exited between the first reap and the check
                 return True
             time.sleep(0.1)
-        _signal_group(pid, signal.SIGKILL)
+        signal_group(pid, signal.SIGKILL)
         for _ in range(50):
             _reap(pid)
             if _start_ticks(pid) is None:
@@ -126,12 +126,12 @@ class ManagedProcess:
             return ""
 
 
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
+def signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:

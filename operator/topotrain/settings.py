@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from topotrain.contract import DEFAULT_MASTER_PORT
+from topotrain.topology import TopologyLevels
 
 RecoveryStrategy = Literal["incremental", "recreate"]
 RECOVERY_STRATEGIES: tuple[RecoveryStrategy, ...] = ("incremental", "recreate")
@@ -22,17 +23,6 @@ RECOVERY_STRATEGIES: tuple[RecoveryStrategy, ...] = ("incremental", "recreate")
 
 class SettingsError(ValueError):
     """An environment variable or flag holds a value the operator cannot use."""
-
-
-@dataclass(frozen=True)
-class TopologyLabels:
-    """Node label keys of the topology levels (outermost first) and of the GPU pool."""
-
-    block: str = "topology.topotrain.io/block"
-    rack: str = "topology.topotrain.io/rack"
-    nvlink: str = "nvidia.com/gpu.clique"
-    host: str = "kubernetes.io/hostname"
-    product: str = "nvidia.com/gpu.product"
 
 
 @dataclass(frozen=True)
@@ -56,7 +46,7 @@ class Settings:
     """
 
     namespaces: tuple[str, ...] = ()
-    labels: TopologyLabels = field(default_factory=TopologyLabels)
+    labels: TopologyLevels = field(default_factory=TopologyLevels)
     metrics_port: int = 9090
     health_port: int = 8080
     peering: str = "topotrain"
@@ -83,7 +73,7 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
         base = cls()
-        labels = TopologyLabels(
+        labels = TopologyLevels(
             block=env.get("TOPOTRAIN_LABEL_BLOCK") or base.labels.block,
             rack=env.get("TOPOTRAIN_LABEL_RACK") or base.labels.rack,
             nvlink=env.get("TOPOTRAIN_LABEL_NVLINK") or base.labels.nvlink,

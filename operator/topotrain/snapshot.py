@@ -22,7 +22,6 @@ from topotrain.manifests import (
     NODE_ANNOTATION,
 )
 from topotrain.policy import NodeView, PodView
-from topotrain.settings import TopologyLabels
 from topotrain.topology import TERMINAL_PHASES, Inventory, TopologyLevels, pod_gpus
 
 JobKey = tuple[str, str]  # (namespace, name)
@@ -130,13 +129,6 @@ class Ledger:
         return [(job, slim) for job, slim, _ in self.entries.values()]
 
 
-def _levels(labels: TopologyLabels) -> TopologyLevels:
-    return TopologyLevels(
-        block=labels.block, rack=labels.rack, nvlink=labels.nvlink, host=labels.host,
-        product=labels.product,
-    )
-
-
 @dataclass
 class Snapshot:
     """One consistent look at the cluster, taken under the planning lock."""
@@ -173,11 +165,11 @@ class Snapshot:
                 out[node] = out.get(node, 0) + pod_gpus(spec)
         return out
 
-    def inventory(self, job: JobKey, labels: TopologyLabels, tolerations: list[dict[str, Any]],
+    def inventory(self, job: JobKey, labels: TopologyLevels, tolerations: list[dict[str, Any]],
                   node_selector: Mapping[str, str]) -> Inventory:
         """Free GPUs as `job` sees them: its own pods hold nothing (a restart replaces them)."""
         others = [p for p in self.pods if job_of(p) != job]
         return Inventory.from_snapshot(
-            self.nodes, others, _levels(labels), tolerations=tolerations,
+            self.nodes, others, labels, tolerations=tolerations,
             node_selector=node_selector, reserved=self.reserved(job),
         )
