@@ -110,9 +110,12 @@ class ManagedProcess:
                 return True
             time.sleep(0.1)
         signal_group(pid, signal.SIGKILL)
-        for _ in range(50):
+        # SIGKILL cannot be ignored, but a process in uninterruptible I/O on a
+        # loaded machine takes a while to die: wait, then reap it if it is ours.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
             _reap(pid)
-            if _start_ticks(pid) is None:
+            if _start_ticks(pid) is None and not group_alive(pid):
                 _reap(pid)
                 break
             time.sleep(0.1)
