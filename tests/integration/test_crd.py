@@ -13,20 +13,11 @@ import pytest
 import yaml
 
 from testbed.kube import Kube
+from tests.example_manifests import INVALID, ROOT, VALID, expectation
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "topotrain.io_trainingjobs.yaml"
-VALID = sorted((ROOT / "examples").glob("*.yaml"))
-INVALID = sorted((ROOT / "examples" / "invalid").glob("*.yaml"))
-
-
-def expectation(path: Path, key: str) -> str:
-    for line in path.read_text().splitlines():
-        if line.startswith(f"# {key}:"):
-            return line.split(":", 1)[1].strip()
-    raise AssertionError(f"{path.name} lacks '# {key}:'")
 
 
 @pytest.fixture(scope="module")

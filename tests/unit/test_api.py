@@ -9,16 +9,7 @@ import pytest
 import yaml
 from topotrain.api import TrainingJobSpec, validate_manifest
 
-ROOT = Path(__file__).resolve().parents[2]
-VALID = sorted((ROOT / "examples").glob("*.yaml"))
-INVALID = sorted((ROOT / "examples" / "invalid").glob("*.yaml"))
-
-
-def expectation(path: Path, key: str) -> str:
-    for line in path.read_text().splitlines():
-        if line.startswith(f"# {key}:"):
-            return line.split(":", 1)[1].strip()
-    raise AssertionError(f"{path.name} lacks '# {key}:'")
+from tests.example_manifests import INVALID, VALID, expectation
 
 
 def base(**overrides: Any) -> dict[str, Any]:
