@@ -48,8 +48,8 @@ from testbed.faults import NODE_NOT_READY_STAGE
 from testbed.harness_env import (
     container_argv,
     container_env,
-    decode_secret,
     process_env,
+    read_env_source,
 )
 from testbed.harness_proc import (
     PodExit,
@@ -334,17 +334,7 @@ class PodProcessHarness:
         return self._ports[key]
 
     def _read_object(self, kind: str, namespace: str, name: str) -> dict[str, str] | None:
-        core = core_v1(self._api)
-        read = core.read_namespaced_secret if kind == "Secret" else core.read_namespaced_config_map
-        try:
-            obj = json.loads(read(name, namespace, _preload_content=False).data)
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
-        if kind == "Secret":
-            return {**decode_secret(obj.get("data")), **(obj.get("stringData") or {})}
-        return dict(obj.get("data") or {})
+        return read_env_source(core_v1(self._api), kind, namespace, name)
 
     def _terminate(self, run: PodRun, grace: float) -> None:
         self._kill(run, signal.SIGTERM)

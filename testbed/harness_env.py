@@ -19,6 +19,7 @@ machine's Python environment (the one running the harness).
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import shlex
@@ -171,6 +172,22 @@ def _env_var_value(
 
 def decode_secret(data: Mapping[str, str] | None) -> dict[str, str]:
     return {k: base64.b64decode(v).decode() for k, v in (data or {}).items()}
+
+
+def read_env_source(core: Any, kind: str, namespace: str, name: str) -> dict[str, str] | None:
+    """A Secret's (decoded) or ConfigMap's data, as env references see it; None if absent."""
+    from kubernetes.client.exceptions import ApiException
+
+    read = core.read_namespaced_secret if kind == "Secret" else core.read_namespaced_config_map
+    try:
+        obj = json.loads(read(name, namespace, _preload_content=False).data)
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+    if kind == "Secret":
+        return {**decode_secret(obj.get("data")), **(obj.get("stringData") or {})}
+    return dict(obj.get("data") or {})
 
 
 def process_env(

@@ -36,7 +36,7 @@ from kubernetes.client.exceptions import ApiException
 
 from testbed.binaries import REPO_ROOT, bin_dir, code_path
 from testbed.harness import PodProcessHarness
-from testbed.harness_env import container_argv, container_env, decode_secret
+from testbed.harness_env import container_argv, container_env, read_env_source
 from testbed.harness_proc import json_lines
 from testbed.kube import api_client, core_v1
 from testbed.procs import free_port, signal_group, wait_until
@@ -297,18 +297,7 @@ class Stack:
         return "\n".join(text.splitlines()[-lines:])
 
     def _read_object(self, kind: str, namespace: str, name: str) -> dict[str, str] | None:
-        read = (
-            self.core.read_namespaced_secret
-            if kind == "Secret"
-            else self.core.read_namespaced_config_map
-        )
-        try:
-            obj = json.loads(read(name, namespace, _preload_content=False).data)
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
-        return decode_secret(obj.get("data")) if kind == "Secret" else dict(obj.get("data") or {})
+        return read_env_source(self.core, kind, namespace, name)
 
     # --- jobs ----------------------------------------------------------------
 
