@@ -1,16 +1,24 @@
 """Asynchronous sharded checkpoints to S3, and restore with resharding.
 
 Saving a step:
-  1. (training stalls) `dcp.async_save` copies this rank's shards to CPU memory;
-  2. (background) DCP writes them to a rank-private staging directory on local
-     disk (`__<rank>_0.distcp`; rank 0 also writes `.metadata`), then this rank
-     uploads its files with boto3 into `<job>/step-N/`;
-  3. every rank reports success over a gloo group; rank 0 writes `COMMITTED`
+  1. (training stalls, briefly) `save` collects the state dict: references to
+     the live tensors and the step's counters and RNG states, no tensor copies;
+  2. (overlapped with the next step's forward and backward) DCP's stager copies
+     this rank's shards on a thread of its own into CPU buffers (pinned on a
+     GPU) that are reused from one save to the next; before the next optimizer
+     step changes the parameters, training waits in `staged()` for that copy,
+     which is the rest of the stall;
+  3. (background) DCP writes the copy to a rank-private staging directory on
+     local disk (`__<rank>_0.distcp`; rank 0 also writes `.metadata`), then this
+     rank uploads its files with boto3 into `<job>/step-N/`;
+  4. every rank reports success over a gloo group; rank 0 writes `COMMITTED`
      only if all uploads finished, then applies retention.
 
-A failed upload (S3 outage) leaves `step-N` without `COMMITTED`: the operator
-never restores it, retention collects it later, and training carries on. At
-most one save is in flight; the next one waits for it.
+The stall (steps 1 and 2, plus any wait for the previous save) is reported as a
+`checkpoint_saved` event once the copy is complete. A failed upload (S3 outage)
+leaves `step-N` without `COMMITTED`: the operator never restores it, retention
+collects it later, and training carries on. At most one save is in flight; the
+next one waits for it.
 
 Restoring: each machine's local rank 0 downloads the step into local disk,
 then DCP loads every rank's share of it. DCP keys tensors by parameter name and
@@ -30,6 +38,8 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +48,9 @@ import torch
 import torch.distributed as dist
 from topotrain.checkpoints import CheckpointStore
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.checkpoint.stateful import Stateful
 
@@ -123,8 +133,44 @@ def _set_rng_state(buffer: io.BytesIO) -> None:
     random.setstate(states["python"])
 
 
+@dataclass
+class _Pending:
+    """A save whose state copy may still be running: what its stall is so far."""
+
+    step: int
+    started: float  # perf_counter() when `save` was called
+    blocked: float  # seconds `save` itself kept training waiting
+    staging: Future[Any] | None  # done when the CPU copy is complete
+    blocking: bool
+    staged_at: float = 0.0  # perf_counter() when the copy completed
+
+
+def staging_options() -> StagingOptions:
+    """Copy on a thread of its own; pinned memory and a side stream where there is a GPU."""
+    accelerator = torch.accelerator.is_available()
+    return StagingOptions(
+        use_pinned_memory=accelerator,
+        use_shared_memory=False,  # the upload runs on a thread, not a process
+        use_async_staging=True,
+        use_non_blocking_copy=accelerator,
+    )
+
+
+def make_stager() -> DefaultStager:
+    """DCP's stager with `staging_options()`.
+
+    One stager lives as long as the Checkpointer: it keeps its CPU buffers
+    between saves, so the second and later copies allocate nothing.
+    """
+    return DefaultStager(staging_options())
+
+
 class Checkpointer:
-    """Saves and restores one job's checkpoints; one instance per rank."""
+    """Saves and restores one job's checkpoints; one instance per rank.
+
+    The training loop calls `save` after an optimizer step and `staged()` before
+    the next optimizer step; `close()` after the last step.
+    """
 
     def __init__(
         self,
@@ -133,6 +179,7 @@ class Checkpointer:
         mesh_sizes: dict[str, int],
         keep: int,
         on_event: Callable[[dict[str, Any]], None] = lambda _: None,
+        stager: AsyncStager | None = None,
     ) -> None:
         self.store = store
         self.staging = staging
@@ -143,47 +190,84 @@ class Checkpointer:
         # A separate gloo group: checkpoint collectives run on background threads
         # and must not interleave with training collectives.
         self.group = dist.new_group(backend="gloo")
+        self._stager = stager or make_stager()
+        self._pending: _Pending | None = None
         self._inflight: threading.Thread | None = None
 
-    def save(self, step: int, app: AppState, *, blocking: bool = False) -> float:
-        """Start saving `step`; returns the seconds training was stalled."""
+    def save(self, step: int, app: AppState, *, blocking: bool = False) -> None:
+        """Start saving `step` (or save it completely when `blocking`)."""
         started = time.perf_counter()
         self.wait()
         local = self.staging / f"step-{step:010d}" / f"rank-{self.rank:05d}"
         shutil.rmtree(local, ignore_errors=True)
         writer = FileSystemWriter(local, single_file_per_rank=True, overwrite=True)
+        state = {"app": app.state_dict()}  # references to the live tensors, captured now
         if blocking:
-            done: Future[Any] = Future()
-            try:
-                dcp_save({"app": app}, storage_writer=writer, process_group=self.group)
-                done.set_result(None)
-            except Exception as err:  # reported as a failed checkpoint, like an async one
-                done.set_exception(err)
-            self._finish(step, done, local)
-        else:
-            future = dcp_async_save({"app": app}, storage_writer=writer, process_group=self.group)
-            assert isinstance(future, Future)
-            self._inflight = threading.Thread(
-                target=self._finish,
-                args=(step, future, local),
-                name=f"topotrain-ckpt-{step}",
-                daemon=True,
-            )
-            self._inflight.start()
-        return time.perf_counter() - started
+            self._finish(step, partial(dcp_save, state, storage_writer=writer, process_group=self.group), local)
+            self._pending = _Pending(step, started, time.perf_counter() - started, None, True)
+            self.staged()
+            return
+        copied = self._stager.stage(state)
+        staging: Future[Any] | None = copied if isinstance(copied, Future) else None
+        pending = _Pending(step, started, time.perf_counter() - started, staging, False)
+        if staging is not None:
+            staging.add_done_callback(lambda _: setattr(pending, "staged_at", time.perf_counter()))
+        self._pending = pending
+
+        def write() -> None:
+            snapshot = staging.result() if staging is not None else copied
+            dcp_save(snapshot, storage_writer=writer, process_group=self.group)
+
+        self._inflight = threading.Thread(
+            target=self._finish,
+            args=(step, write, local),
+            name=f"topotrain-ckpt-{step}",
+            daemon=True,
+        )
+        self._inflight.start()
+
+    def staged(self) -> float:
+        """Wait until the save in flight holds its own copy of the state.
+
+        Call before anything changes the parameters or the optimizer state (the
+        optimizer step). Reports the save's total stall once, as `checkpoint_saved`,
+        and returns the seconds waited here.
+        """
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return 0.0
+        waited_from = time.perf_counter()
+        if pending.staging is not None:
+            error = pending.staging.exception()
+            if error is not None:  # host memory trouble: restart from the last committed step
+                raise RuntimeError(f"copying checkpoint {pending.step} to CPU failed") from error
+        now = time.perf_counter()
+        stall = pending.blocked + (now - waited_from)
+        self.on_event({
+            "event": "checkpoint_saved", "step": pending.step, "stall_seconds": round(stall, 4),
+            "copy_seconds": round((pending.staged_at or now) - pending.started, 4),
+            "mode": "sync" if pending.blocking else "async",
+        })  # fmt: skip
+        return now - waited_from
 
     def wait(self) -> None:
         """Block until the save in flight (if any) has committed or failed."""
+        self.staged()
         if self._inflight is not None:
             self._inflight.join()
             self._inflight = None
 
-    def _finish(self, step: int, future: Future[Any], local: Path) -> None:
-        """Upload this rank's files, agree with all ranks, and let rank 0 commit."""
+    def close(self) -> None:
+        """Finish the save in flight and free the staging buffers."""
+        self.wait()
+        self._stager.close()
+
+    def _finish(self, step: int, write: Callable[[], object], local: Path) -> None:
+        """Write this rank's shards, upload them, agree with all ranks, let rank 0 commit."""
         began = time.perf_counter()
         uploaded, upload_seconds, error = 0, 0.0, ""
         try:
-            future.result()
+            write()
             upload_began = time.perf_counter()
             for path in sorted(p for p in local.iterdir() if p.is_file()):
                 self.store.upload_file(step, path.name, path)

@@ -36,9 +36,12 @@ class Metrics:
             start_http_server(port)
 
     def emit(self, record: dict[str, Any]) -> None:
-        """One JSON log line (rank 0 only); checkpoint outcomes also count."""
+        """One JSON log line (rank 0 only); checkpoint stalls and outcomes also count."""
         event = str(record.get("event", ""))
-        if event == "checkpoint_committed":
+        if event == "checkpoint_saved":
+            CHECKPOINT_STALL.set(float(record["stall_seconds"]))
+            CHECKPOINT_STALL_TOTAL.inc(float(record["stall_seconds"]))
+        elif event == "checkpoint_committed":
             CHECKPOINTS.labels("committed").inc()
         elif event == "checkpoint_failed":
             CHECKPOINTS.labels("failed").inc()
@@ -57,9 +60,3 @@ class Metrics:
         if log:
             self.emit({"event": "step", "step": step, "loss": loss, "grad_norm": grad_norm, "step_seconds": round(seconds, 4),
                        "tokens_per_second": round(tokens / seconds, 1) if seconds > 0 else 0.0})  # fmt: skip
-
-    def checkpoint_stall(self, step: int, seconds: float, blocking: bool) -> None:
-        CHECKPOINT_STALL.set(seconds)
-        CHECKPOINT_STALL_TOTAL.inc(seconds)
-        self.emit({"event": "checkpoint_saved", "step": step, "stall_seconds": round(seconds, 4),
-                   "mode": "sync" if blocking else "async"})  # fmt: skip

@@ -42,12 +42,13 @@ def train(env: TrainerEnv, config: TrainingConfig) -> None:
         progress.step += 1
         progress.consumed_samples += config.global_batch
         due = progress.step % config.progress_every == 0 or progress.step == config.steps
-        job.metrics.step(progress.step, loss, grad_norm, time.perf_counter() - started, tokens, due)
+        # The wait for a checkpoint copy is reported as checkpoint stall, not step time.
+        seconds = time.perf_counter() - started - job.checkpoint_wait
+        job.metrics.step(progress.step, loss, grad_norm, seconds, tokens, due)
         if job.heartbeat is not None and due:
             job.heartbeat.beat(progress.step)
         if job.checkpointer is not None and job.interval and progress.step % job.interval == 0:
-            stall = job.checkpointer.save(progress.step, job.app, blocking=config.sync_checkpoint)
-            job.metrics.checkpoint_stall(progress.step, stall, config.sync_checkpoint)
+            job.checkpointer.save(progress.step, job.app, blocking=config.sync_checkpoint)
     job.close()
 
 
@@ -117,6 +118,7 @@ class Job:
             config.seed, config.global_batch, mesh.data, mesh.dp_rank,
         )  # fmt: skip
         self.checkpointer: Checkpointer | None = None
+        self.checkpoint_wait = 0.0  # seconds the last step waited for a checkpoint copy
         self.heartbeat: Heartbeat | None = None
         self.interval = env.checkpoint_interval
         if env.checkpoint_uri:
@@ -136,9 +138,11 @@ class Job:
                 raise FileNotFoundError(
                     "TOPOTRAIN_RESUME_STEP is set but TOPOTRAIN_CHECKPOINT_URI is empty"
                 )
+            began = time.perf_counter()
             job.checkpointer.restore(env.resume_step, job.app)
             job.metrics.emit({"event": "restored", "step": job.progress.step,
-                              "consumed_samples": job.progress.consumed_samples, "mesh": mesh.sizes()})  # fmt: skip
+                              "consumed_samples": job.progress.consumed_samples, "mesh": mesh.sizes(),
+                              "load_seconds": round(time.perf_counter() - began, 4)})  # fmt: skip
         return job
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[float, float]:
@@ -164,6 +168,8 @@ class Job:
                 torch.autograd.backward(loss)
                 local += loss.detach().double()
         grad_norm = clip_grad_norm(self.model, self.config.max_grad_norm, self.mesh)
+        if self.checkpointer is not None:  # a save in flight must hold its copy before the update
+            self.checkpoint_wait = self.checkpointer.staged()
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -178,7 +184,7 @@ class Job:
 
     def close(self) -> None:
         if self.checkpointer is not None:
-            self.checkpointer.wait()
+            self.checkpointer.close()
         if self.heartbeat is not None:
             self.heartbeat.beat(self.progress.step)
             self.heartbeat.flush()
