@@ -236,6 +236,12 @@ class FailurePolicy(_Model):
         600, alias="progressTimeoutSeconds", ge=0,
         description="Hang detection: restart when progress.json is older than this while Running. 0 disables.",
     )
+    startup_timeout_seconds: int = Field(
+        1800, alias="startupTimeoutSeconds", ge=0,
+        description="Hang detection before an attempt's first heartbeat: restart when the gang has been "
+        "Running this long and its trainer has not yet written progress.json (imports, rendezvous, "
+        "checkpoint load). 0 uses progressTimeoutSeconds.",
+    )
     non_retryable_exit_codes: list[int] = Field(
         default_factory=lambda: [78], alias="nonRetryableExitCodes", max_length=MAX_LIST,
         description="Trainer exit codes that fail the job at once (bad configuration). "

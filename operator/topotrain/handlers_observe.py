@@ -73,6 +73,7 @@ class Observer:
             time=latest.time if latest else None,
             progress_step=progress.step if progress else None,
             progress_time=progress.time if progress else None,
+            progress_attempt=progress.attempt if progress else None,
         )
 
     def _store(self, prefix: str, endpoint: str | None, access: str, secret: str) -> CheckpointStore:

@@ -12,7 +12,7 @@ Failures, in the order they are reported when several happen at once:
 | a pod was deleted, or is being deleted, by someone else | PodDeleted | yes |
 | a pod's node was deleted | NodeLost | yes |
 | a pod's node is NotReady | NodeNotReady | yes |
-| `progress.json` older than `progressTimeoutSeconds` while Running | ProgressStalled | yes |
+| `progress.json` older than `progressTimeoutSeconds` while Running (`startupTimeoutSeconds` before the attempt's first heartbeat) | ProgressStalled | yes |
 
 A retryable failure restarts the whole gang (every rank must rendezvous again)
 after `min(backoffSeconds * 2**(restarts-1), maxBackoffSeconds)`; once
@@ -171,25 +171,37 @@ def detect_failure(
 
 
 def stalled_failure(
-    progress_time: datetime | None, running_since: datetime | None, policy: FailurePolicy,
+    heartbeat: datetime | None, running_since: datetime | None, policy: FailurePolicy,
     now: datetime,
 ) -> Failure | None:
     """A hang: no progress for progressTimeoutSeconds while every pod is Running.
 
-    The clock starts at the later of the last heartbeat and the moment the
-    gang became Running, so a heartbeat from an earlier attempt never counts.
+    `heartbeat` is the current attempt's last progress.json time, None before its
+    trainer first wrote one. The clock starts at the later of the heartbeat and
+    the moment the gang became Running; until the first heartbeat the limit is
+    startupTimeoutSeconds, since imports, rendezvous and a checkpoint load can
+    take far longer than a training step.
     """
     timeout = policy.progress_timeout_seconds
     if timeout <= 0 or running_since is None:
         return None
-    last = running_since if progress_time is None else max(progress_time, running_since)
+    if heartbeat is None:
+        limit, last = policy.startup_timeout_seconds or timeout, running_since
+    else:
+        limit, last = timeout, max(heartbeat, running_since)
     idle = (now - last).total_seconds()
-    if idle <= timeout:
+    if idle <= limit:
         return None
-    seen = "no heartbeat" if progress_time is None else f"last heartbeat {int(idle)}s ago"
+    if heartbeat is None:
+        return Failure(
+            Reason.PROGRESS_STALLED,
+            f"no progress.json from this attempt {int(idle)}s after the gang became Running "
+            f"(startupTimeoutSeconds {limit}): the trainer hangs while starting",
+        )
     return Failure(
         Reason.PROGRESS_STALLED,
-        f"progress.json not updated for more than {timeout}s ({seen}): the trainer hangs",
+        f"progress.json not updated for more than {limit}s (last heartbeat {int(idle)}s ago): "
+        "the trainer hangs",
     )
 
 

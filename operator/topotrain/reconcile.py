@@ -223,8 +223,11 @@ def _steady(
     running = len(live) == expected and all(p.phase in ("Running", "Succeeded") for p in live)
     if failure is None and running and obs.checkpoint is not None:
         # progress.json lives in the checkpoint prefix: no checkpoint store, no hang detection
+        heartbeat = obs.checkpoint.progress_time
+        if obs.checkpoint.progress_attempt != attempt:
+            heartbeat = None  # an earlier attempt's: this trainer is still starting
         failure = policy.stalled_failure(
-            obs.checkpoint.progress_time, sb.running_since(), obs.spec.failure_policy, obs.now,
+            heartbeat, sb.running_since(), obs.spec.failure_policy, obs.now,
         )
     if failure is not None:
         _on_failure(obs, sb, decision, attempt, current, failure)

@@ -42,6 +42,7 @@ class CheckpointView:
     time: datetime | None = None
     progress_step: int | None = None
     progress_time: datetime | None = None
+    progress_attempt: int | None = None  # the attempt whose trainer wrote the heartbeat
 
 
 def iso(moment: datetime) -> str:

@@ -92,19 +92,39 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(
-    ("progress", "running", "now", "timeout", "stalled"),
+    ("heartbeat", "running", "now", "timeout", "stalled"),
     [
         (T0, T0, T0 + timedelta(seconds=61), 60, True),
         (T0 + timedelta(seconds=30), T0, T0 + timedelta(seconds=61), 60, False),
-        (None, T0, T0 + timedelta(seconds=61), 60, True),  # never reported
-        (None, T0, T0 + timedelta(seconds=59), 60, False),
-        # a heartbeat from before this attempt started does not count against it
+        # a heartbeat from before the gang became Running does not count against it
         (T0 - timedelta(hours=1), T0, T0 + timedelta(seconds=30), 60, False),
+        (T0 - timedelta(hours=1), T0, T0 + timedelta(seconds=61), 60, True),
         (T0, T0, T0 + timedelta(hours=5), 0, False),  # 0 disables
         (T0, None, T0 + timedelta(hours=5), 60, False),  # not Running
     ],
 )
-def test_hang_detection(progress: datetime | None, running: datetime | None, now: datetime,
-                        timeout: int, stalled: bool) -> None:
-    policy = FailurePolicy(progressTimeoutSeconds=timeout)
-    assert (stalled_failure(progress, running, policy, now) is not None) is stalled
+def test_hang_detection_after_the_first_heartbeat(
+    heartbeat: datetime, running: datetime | None, now: datetime, timeout: int, stalled: bool
+) -> None:
+    policy = FailurePolicy(progressTimeoutSeconds=timeout, startupTimeoutSeconds=600)
+    failure = stalled_failure(heartbeat, running, policy, now)
+    assert (failure is not None) is stalled
+    if failure is not None:
+        assert failure.reason == Reason.PROGRESS_STALLED and "last heartbeat" in failure.message
+
+
+@pytest.mark.parametrize(
+    ("startup", "idle", "stalled"),
+    [
+        (600, 599, False),  # slow start-up (imports, rendezvous, checkpoint load) is not a hang
+        (600, 601, True),  # ... until startupTimeoutSeconds
+        (0, 61, True),  # 0: the progress timeout applies from the start
+        (0, 59, False),
+    ],
+)
+def test_hang_detection_before_the_first_heartbeat(startup: int, idle: int, stalled: bool) -> None:
+    policy = FailurePolicy(progressTimeoutSeconds=60, startupTimeoutSeconds=startup)
+    failure = stalled_failure(None, T0, policy, T0 + timedelta(seconds=idle))
+    assert (failure is not None) is stalled
+    if failure is not None:
+        assert "while starting" in failure.message

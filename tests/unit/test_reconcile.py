@@ -219,16 +219,41 @@ def test_stale_progress_restarts() -> None:
     obs = running_job(spec=spec(progressTimeoutSeconds=60))
     late = T0 + timedelta(seconds=300)
     ckpt = CheckpointView(step=200, uri="s3://x/step", progress_step=250,
-                          progress_time=T0 + timedelta(seconds=10))
+                          progress_time=T0 + timedelta(seconds=10), progress_attempt=0)
     d, _ = run(obs, pods=gang(0), now=late, checkpoint=ckpt)
     assert d.status.last_failure.reason == Reason.PROGRESS_STALLED  # type: ignore[union-attr]
     assert d.launch is not None and d.launch.attempt == 1
 
 
+def test_an_earlier_attempts_heartbeat_gives_the_new_trainer_its_startup_time() -> None:
+    """After a restart progress.json is still attempt 0's: attempt 1's trainer is
+    starting (startupTimeoutSeconds), not hanging, until that runs out."""
+    obs = running_job(spec=spec(progressTimeoutSeconds=60, startupTimeoutSeconds=900))
+    pods = list(gang(0))
+    pods[1] = replace(pods[1], phase="Failed", exit_code=1)
+    _, after = run(obs, pods=tuple(pods), now=T0 + timedelta(seconds=5))
+    _, after = run(after, pods=gang(1), now=T0 + timedelta(seconds=7))  # attempt 1 Running
+    old = CheckpointView(step=200, uri="s3://x/step", progress_step=250,
+                         progress_time=T0, progress_attempt=0)
+    starting, _ = run(after, pods=gang(1), now=T0 + timedelta(seconds=600), checkpoint=old)
+    assert starting.launch is None and starting.status.phase == "Running"
+    hung, _ = run(after, pods=gang(1), now=T0 + timedelta(seconds=1000), checkpoint=old)
+    failure = hung.status.last_failure
+    assert failure is not None and failure.reason == Reason.PROGRESS_STALLED
+    assert "while starting" in failure.message and hung.launch is not None
+    assert hung.launch.attempt == 2
+    # once attempt 1 reports, the (shorter) progress timeout applies again
+    beat = replace(old, progress_time=T0 + timedelta(seconds=590), progress_attempt=1)
+    fine, _ = run(after, pods=gang(1), now=T0 + timedelta(seconds=620), checkpoint=beat)
+    assert fine.launch is None
+    late, _ = run(after, pods=gang(1), now=T0 + timedelta(seconds=700), checkpoint=beat)
+    assert late.launch is not None and "last heartbeat" in late.status.last_failure.message  # type: ignore[union-attr]
+
+
 def test_fresh_progress_keeps_running() -> None:
     obs = running_job(spec=spec(progressTimeoutSeconds=60))
     ckpt = CheckpointView(step=200, uri="s3://x/step", progress_step=250,
-                          progress_time=T0 + timedelta(seconds=290))
+                          progress_time=T0 + timedelta(seconds=290), progress_attempt=0)
     d, _ = run(obs, pods=gang(0), now=T0 + timedelta(seconds=300), checkpoint=ckpt)
     assert d.launch is None and d.status.phase == "Running"
     assert d.status.progress.step == 250  # type: ignore[union-attr]
