@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -138,22 +139,41 @@ def service_account_kubeconfig(kube: Kube, release: Release) -> Path:
     return path
 
 
+@dataclass
+class LocalOperator:
+    log: Path
+    proc: subprocess.Popen[bytes]
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: no clean-up, as when its node dies."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
 @contextlib.contextmanager
-def local_operator(kubeconfig: Path, release: Release) -> Iterator[Path]:
+def local_operator(kubeconfig: Path, release: Release, name: str = "operator",
+                   priority: int | None = None) -> Iterator[LocalOperator]:  # fmt: skip
     """`topotrain run` as a local process, as the chart's Deployment configures it."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("KUBERNETES_", "AWS_", "TOPOTRAIN_"))}
     env.update(KUBECONFIG=str(kubeconfig), TOPOTRAIN_METRICS_PORT="0", TOPOTRAIN_HEALTH_PORT="0")
-    log = release.workdir / "operator.log"
+    if priority is not None:
+        env["TOPOTRAIN_PEERING_PRIORITY"] = str(priority)
+    log = release.workdir / f"{name}.log"
     cmd = [sys.executable, "-m", "topotrain.cli", "run", "--namespace", release.namespace,
            "--peering", release.fullname]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:
-        yield log
+        yield LocalOperator(log, proc)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -214,7 +234,7 @@ def test_operator_with_only_the_chart_service_account_runs_a_job(
     manifests = release.workdir / "jobs.yaml"
     manifests.write_text(yaml.safe_dump_all([allowed, forbidden]))
 
-    with local_operator(kubeconfig, release) as log:
+    with local_operator(kubeconfig, release) as operator:
         kube.kubectl("-n", namespace, "apply", "-f", str(manifests))
         try:
             wait_for("job 'small' Running", lambda: get_job(kube, namespace, "small")
@@ -236,7 +256,65 @@ def test_operator_with_only_the_chart_service_account_runs_a_job(
                 "-n", namespace, "get", "pods", "-l", "topotrain.io/job", "-o", "json",
             ).stdout)["items"])
         except BaseException:
-            print(log.read_text()[-6000:])
+            print(operator.text()[-6000:])
+            raise
+
+
+def acting(operator: LocalOperator) -> bool:
+    """Whether kopf's last peering decision in this replica's log was to resume."""
+    text = operator.text()
+    return text.rfind("Resuming operations") > text.rfind("Pausing operations")
+
+
+def test_standby_replica_takes_over_when_the_active_one_dies(
+    kube: Kube, namespace: str, release: Release, s3: S3Server, s3_bucket: str
+) -> None:
+    """Two replicas with the chart's peering: one acts, the other waits; the active
+    one is SIGKILLed, a gang pod is deleted meanwhile, and the standby resumes
+    (once the dead replica's peering record expires, kopf's 60 s lifetime) and
+    restarts the gang."""
+    kube.require_testbed("KWOK nodes run the job's pods")
+    create_s3_secret(kube, namespace, "ckpt-creds", s3.access_key, s3.secret_key)
+    release.helm("install", {
+        "replicaCount": 0,
+        "watchNamespaces": [namespace],
+        "rbac": {"checkpointSecrets": [{"namespace": namespace, "names": ["ckpt-creds"]}]},
+    })  # fmt: skip
+    kubeconfig = service_account_kubeconfig(kube, release)
+    manifest = release.workdir / "job.yaml"
+    manifest.write_text(yaml.safe_dump(training_job("small", s3_bucket, s3.endpoint, "ckpt-creds")))
+
+    def job_status() -> dict[str, Any]:
+        status: dict[str, Any] = get_job(kube, namespace, "small").get("status", {})
+        return status
+
+    with (
+        local_operator(kubeconfig, release, "active", priority=200) as active,
+        local_operator(kubeconfig, release, "standby", priority=100) as standby,
+    ):
+        try:
+            # kopf starts every peered replica paused; only the highest priority resumes.
+            wait_for("the active replica to act", lambda: acting(active))
+            kube.kubectl("-n", namespace, "apply", "-f", str(manifest))
+            wait_for("job 'small' Running", lambda: job_status().get("phase") == "Running",
+                     timeout=180)  # fmt: skip
+            pods = wait_for("both pods Running",
+                            lambda: len(found := running_pods(kube, namespace, "small")) == 2 and found)  # fmt: skip
+            assert "Activity 'configure' succeeded" in standby.text()  # it is up ...
+            assert not acting(standby), "the standby acted too"  # ... and waiting
+
+            active.kill()
+            kube.kubectl("-n", namespace, "delete", "pod", pods[0], "--wait=false")
+            wait_for("the standby to resume", lambda: acting(standby), timeout=180)
+            status = wait_for("the gang restarted by the standby",
+                              lambda: (s := job_status()).get("attempt", 0) >= 1
+                              and s.get("phase") == "Running" and s, timeout=240)  # fmt: skip
+            assert status["restarts"] >= 1
+            assert status["lastFailure"]["reason"] == Reason.POD_DELETED
+            wait_for("attempt 1's pods Running", lambda: sorted(running_pods(kube, namespace, "small"))
+                     == sorted(p.replace("-0-", f"-{status['attempt']}-") for p in pods))  # fmt: skip
+        except BaseException:
+            print("active:\n" + active.text()[-4000:] + "\nstandby:\n" + standby.text()[-6000:])
             raise
 
 
