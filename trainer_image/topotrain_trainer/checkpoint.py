@@ -207,6 +207,10 @@ class Checkpointer:
             self._pending = _Pending(step, started, time.perf_counter() - started, None, True)
             self.staged()
             return
+        if torch.accelerator.is_available():
+            # The stager copies on a side stream that does not wait for the compute
+            # stream: the optimizer step's kernels must be done before it reads.
+            torch.accelerator.synchronize()
         copied = self._stager.stage(state)
         staging: Future[Any] | None = copied if isinstance(copied, Future) else None
         pending = _Pending(step, started, time.perf_counter() - started, staging, False)
