@@ -140,7 +140,7 @@ def raw_upload_seconds(store: CheckpointStore, sizes: list[int], scratch: Path) 
     return min(seconds)
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--model", default="small")
     parser.add_argument("--repeats", type=int, default=3)
@@ -163,11 +163,13 @@ def main() -> None:
         sizes = [s for s in store.step_objects(step).values() if s > 100]  # shards, not COMMITTED
         raw = statistics.median(raw_upload_seconds(store, sizes, Path(tmp)) for _ in range(args.repeats))
         checkpointer.close()
-        report(args, sum(sizes), samples, raw)
+        met = report(args, sum(sizes), samples, raw)
         dist.destroy_process_group()
+    return 0 if met else 1
 
 
-def report(args: argparse.Namespace, size: int, samples: Samples, raw_seconds: float) -> None:
+def report(args: argparse.Namespace, size: int, samples: Samples, raw_seconds: float) -> bool:
+    """Print the table; whether both targets were met."""
     sync_stall = statistics.median(samples.stall["sync"])
     async_stall = statistics.median(samples.stall["async"])
     async_commit = statistics.median(samples.committed["async"])
@@ -189,7 +191,10 @@ def report(args: argparse.Namespace, size: int, samples: Samples, raw_seconds: f
     print(f"| async save until COMMITTED (background) | {async_commit * 1e3:.1f} ms | | | |")
     print(f"| shard upload throughput | {upload_mbps:.1f} MB/s | raw upload {raw_mbps:.1f} MB/s "
           f"| {upload_mbps / raw_mbps:.0%} | >= 70% |")  # fmt: skip
+    met = async_stall <= 0.05 * sync_stall and upload_mbps >= 0.7 * raw_mbps
+    print("\ntargets met" if met else "\nTARGETS NOT MET")
+    return met
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
