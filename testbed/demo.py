@@ -149,6 +149,16 @@ class Demo:
             time.sleep(0.5)
         raise SystemExit(f"demo: the trainer logged nothing expected for {timeout:.0f}s")
 
+    def stream_resumed(self, steps: int = 3) -> None:
+        """Print the trainer's lines until it has restored a checkpoint and trained `steps` more."""
+        restored = self.stream(lambda e: e.get("event") == "restored")
+        self.stream(lambda e: e.get("event") == "step" and e["step"] >= restored["step"] + steps)
+
+    def scale(self, data: int, attempt: int) -> dict[str, Any]:
+        """`kubectl scale` the job to `data`; its status once `attempt` runs at that degree."""
+        self.kubectl("-n", NAMESPACE, "scale", "tj/elastic", f"--replicas={data}")
+        return wait(f"data={data}", lambda: self.running(attempt, data), timeout=300)
+
     # --- observing ------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
@@ -216,19 +226,15 @@ class Demo:
         print(f"pods moved: {moved}; attempt {status['attempt']} resumes from step "
               f"{recovery.get('resumeStep')}, the newest committed checkpoint; gang Running again "
               f"{recovery.get('lastSeconds')}s after the failure")
-        restored = self.stream(lambda e: e.get("event") == "restored")
-        self.stream(lambda e: e.get("event") == "step" and e["step"] >= restored["step"] + 3)
+        self.stream_resumed()
 
         say("kubectl scale tj/elastic --replicas=1: the data degree shrinks to 1, same global batch")
-        self.kubectl("-n", NAMESPACE, "scale", "tj/elastic", "--replicas=1")
-        status = wait("data=1", lambda: self.running(2, 1), timeout=300)
+        status = self.scale(data=1, attempt=2)
         print(f"Running with {len(self.pods())} pods, data={status['parallelism']['data']}, "
               f"resuming from step {status['recovery'].get('resumeStep')}")
-        restored = self.stream(lambda e: e.get("event") == "restored")
-        self.stream(lambda e: e.get("event") == "step" and e["step"] >= restored["step"] + 3)
+        self.stream_resumed()
         say("kubectl scale tj/elastic --replicas=2: it grows back")
-        self.kubectl("-n", NAMESPACE, "scale", "tj/elastic", "--replicas=2")
-        status = wait("data=2", lambda: self.running(3, 2), timeout=300)
+        status = self.scale(data=2, attempt=3)
         print(f"Running with {len(self.pods())} pods, data={status['parallelism']['data']}; "
               f"restarts counted: {status['restarts']} (resizes are not failures)")
         self.stream(lambda e: e.get("event") == "done")
