@@ -38,7 +38,7 @@ from topotrain.placement.svg import render
 from topotrain.topology import Inventory
 
 from testbed.binaries import bin_dir
-from testbed.cluster import Testbed
+from testbed.cluster import STATE_DIR_ENV, Testbed, default_state_dir
 from testbed.faults import node_not_ready, node_ready
 from testbed.harness import PodProcessHarness
 from testbed.harness_proc import json_lines
@@ -283,15 +283,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="topotrain demo on the local testbed")
     parser.add_argument("--keep", action="store_true", help="leave the testbed and the job running")
     args = parser.parse_args(argv)
-    bed = Testbed()
+    # A testbed of its own: its 32 nodes must not show up in the tests' testbed
+    # (the default one, which keeps its etcd data between sessions), nor theirs here.
+    bed = Testbed(default_state_dir() / "demo")
     say(f"starting the testbed with {TOPOLOGY.relative_to(REPO)} (32 KWOK GPU nodes, H100 and A100 pools)")
-    workdir = bed.root / "demo"
+    workdir = bed.root / "run"
     workdir.mkdir(parents=True, exist_ok=True)
     if args.keep:
         bed.up(topology=TOPOLOGY)
         demo = Demo(bed, workdir)
         demo.run(bed.s3.create_bucket("demo"))
-        say(f"left running: KUBECONFIG={bed.kubeconfig}; `python -m testbed down` stops it")
+        say(f"left running: KUBECONFIG={bed.kubeconfig}; "
+            f"`{STATE_DIR_ENV}={bed.root} python -m testbed down` stops it")
         return 0
     with bed.session(topology=TOPOLOGY):
         demo = Demo(bed, workdir)
