@@ -2,18 +2,19 @@
 holds exactly the state of the step it was taken at.
 
 One trainer rank in this process (gloo, world size 1) and the testbed's real S3
-server. The only stand-in is `SlowStager`, a test double at DCP's staging
-boundary: the real stager, but its copy starts only after DELAY seconds, so the
-next step's optimizer update is certain to come before the copy unless the
-training loop waits for it as it must.
+server. The only stand-in is `GatedStager`, a test double at DCP's staging
+boundary: the real stager, but its copy starts only once the next step's
+forward and backward are done, so the optimizer update would come before the
+copy unless the training loop waits for it as it must. The test asserts the
+order of events, never a duration: a loaded machine cannot change the verdict.
 """
 
 from __future__ import annotations
 
 import socket
-import time
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,15 +40,26 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.trainer]
 
-DELAY = 1.0  # seconds; far longer than a tiny model's optimizer step
+GATE_TIMEOUT = 120.0  # seconds; only fails a copy that was never released, never a timing check
 
 
-class SlowStager(DefaultStager):
-    """Test double: DCP's own stager whose copy begins DELAY seconds late."""
+class GatedStager(DefaultStager):
+    """Test double: DCP's own stager whose copy waits for `release()` and logs its end."""
+
+    def __init__(self, order: list[str]) -> None:
+        super().__init__(staging_options())
+        self.order = order
+        self._gate = threading.Event()
+
+    def release(self) -> None:
+        self._gate.set()
 
     def _stage(self, state_dict: Any, **kwargs: Any) -> Any:
-        time.sleep(DELAY)
-        return super()._stage(state_dict, **kwargs)
+        if not self._gate.wait(GATE_TIMEOUT):
+            raise TimeoutError("the copy was never released: did save() wait for it?")
+        copied = super()._stage(state_dict, **kwargs)
+        self.order.append("copy finished")
+        return copied
 
 
 @pytest.fixture
@@ -71,11 +83,20 @@ class Rank:
         self.progress = Progress()
         self.app = AppState(self.model, self.optimizer, self.scheduler, self.progress)
 
-    def step(self, checkpointer: Checkpointer) -> None:
+    def step(
+        self,
+        checkpointer: Checkpointer,
+        *,
+        computed: Callable[[], None] = lambda: None,
+        order: list[str] | None = None,
+    ) -> None:
         """One step as Job.train_step orders it: compute, wait for the copy, update."""
         tokens = torch.randint(0, 256, (2, 17))
         torch.autograd.backward(cross_entropy(self.model(tokens[:, :-1]), tokens[:, 1:]))
+        computed()
         checkpointer.staged()
+        if order is not None:
+            order.append("update")
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -103,26 +124,27 @@ def test_async_copy_overlaps_the_next_step_and_saves_the_state_it_was_taken_at(
     bucket = s3.create_bucket(f"overlap-{uuid.uuid4().hex[:8]}")
     store = CheckpointStore(f"s3://{bucket}/ns/job", client=s3.client())
     events: list[dict[str, Any]] = []
+    order: list[str] = []
+    stager = GatedStager(order)
     checkpointer = Checkpointer(store, tmp_path / "staging", {"tensor": 1, "pipeline": 1, "data": 1},
-                                keep=3, on_event=events.append, stager=SlowStager(staging_options()))  # fmt: skip
+                                keep=3, on_event=events.append, stager=stager)  # fmt: skip
     torch.manual_seed(0)
     trained = Rank(seed=0)
     trained.step(checkpointer)
     trained.step(checkpointer)
     at_save = trained.snapshot()
 
-    began = time.perf_counter()
-    checkpointer.save(2, trained.app)
-    returned = time.perf_counter() - began
-    assert not [e for e in events if e["event"] == "checkpoint_saved"], "reported before the copy"
-    trained.step(checkpointer)  # the update must wait for the delayed copy
+    checkpointer.save(2, trained.app)  # returns with the copy not yet begun: it ran in the background
+    assert order == [] and not [e for e in events if e["event"] == "checkpoint_saved"]
+    # Step 3 computes while the copy is held back, then lets it go: its update must wait for it.
+    trained.step(checkpointer, computed=stager.release, order=order)
+    assert order == ["copy finished", "update"], "the optimizer update did not wait for the copy"
     saved = next(e for e in events if e["event"] == "checkpoint_saved")
     checkpointer.close()
 
-    assert returned < DELAY  # save handed the copy to the background ...
     assert saved["step"] == 2 and saved["mode"] == "async"
-    assert saved["stall_seconds"] >= DELAY  # ... and the wait before the update is the stall
-    assert saved["copy_seconds"] >= DELAY
+    # The copy spans step 3's compute, the stall does not: that difference is the overlap.
+    assert saved["copy_seconds"] > saved["stall_seconds"]
     committed = next(e for e in events if e["event"] == "checkpoint_committed")
     assert committed["step"] == 2
     after = trained.snapshot()
