@@ -143,8 +143,20 @@ class Resources(_Model):
     limits: dict[str, Quantity] | None = Field(None, description="Resource limits.")
 
 
+PodSecurity = Literal["Restricted", "Unrestricted"]
+TRAINER_UID = 10001  # the bundled trainer image's user (trainer_image/Dockerfile)
+SECURITY_CONTEXT_RULE = {
+    "rule": "!has(self.securityContext) || self.podSecurity == 'Unrestricted'",
+    "message": "securityContext requires podSecurity: Unrestricted (Restricted pods get the "
+    "operator's restricted securityContext)",
+    "fieldPath": ".securityContext",
+}
+
+
 class WorkerSpec(_Model):
     """How each pod of the gang looks and where it may run."""
+
+    model_config = ConfigDict(json_schema_extra=_cel(SECURITY_CONTEXT_RULE))
 
     gpus_per_pod: int = Field(
         8, alias="gpusPerPod", ge=1, le=64,
@@ -172,10 +184,47 @@ class WorkerSpec(_Model):
     priority_class_name: str | None = Field(
         None, alias="priorityClassName", description="PriorityClass of the training pods."
     )
+    pod_security: PodSecurity = Field(
+        "Restricted", alias="podSecurity",
+        description="Restricted (default): the pods pass the `restricted` Pod Security Standard: "
+        "they run as runAsUser (never root), without privilege escalation, with every capability "
+        "dropped and the RuntimeDefault seccomp profile. Unrestricted: the operator sets no "
+        "securityContext but worker.securityContext, so the image's own user (root included) "
+        "applies; for images that need root or extra capabilities.",
+    )
+    run_as_user: int = Field(
+        TRAINER_UID, alias="runAsUser", ge=1, le=2147483647,
+        description="UID and GID the trainer runs as under podSecurity Restricted. Default 10001, "
+        "the bundled trainer image's user.",
+    )
+    security_context: FreeForm | None = Field(
+        None, alias="securityContext",
+        description="A core/v1 container SecurityContext used as given under podSecurity "
+        "Unrestricted (for example capabilities.add [IPC_LOCK] for RDMA). Rejected under Restricted.",
+    )
+    automount_service_account_token: bool = Field(
+        False, alias="automountServiceAccountToken",
+        description="Mount the ServiceAccount's API token into the pods. Default false: the "
+        "bundled trainer never calls the Kubernetes API.",
+    )
+    shm_size: Quantity | None = Field(
+        None, alias="shmSize",
+        description="Size limit of /dev/shm, a memory-backed emptyDir counted against the pod's "
+        "memory. Default: no limit of its own (bounded by the pod's memory limit).",
+    )
     env: EnvList = Field(
         default_factory=list, max_length=MAX_ENV, description="Environment added to the trainer container.",
         json_schema_extra={"default": [], **_cel(ENV_RULE)},
     )
+
+    @model_validator(mode="after")
+    def _security_context_needs_unrestricted(self) -> WorkerSpec:
+        if self.security_context is not None and self.pod_security != "Unrestricted":
+            raise ValueError(
+                "spec.worker.securityContext requires spec.worker.podSecurity: Unrestricted "
+                f"(it is {self.pod_security})"
+            )
+        return self
 
 
 class TopologySpec(_Model):

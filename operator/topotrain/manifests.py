@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from topotrain import GROUP, KIND, VERSION
-from topotrain.api import TrainingJobSpec
+from topotrain.api import TrainingJobSpec, WorkerSpec
 from topotrain.checkpoints import job_prefix
 from topotrain.contract import (
     ACCESS_KEY_ID,
@@ -198,6 +198,34 @@ def _resources(spec: TrainingJobSpec) -> dict[str, Any]:
     return {"requests": requests, "limits": limits}
 
 
+SHM_VOLUME = "dshm"
+
+
+def _pod_security_context(worker: WorkerSpec) -> dict[str, Any] | None:
+    """Restricted: a non-root user and RuntimeDefault seccomp for the whole pod."""
+    if worker.pod_security != "Restricted":
+        return None
+    return {
+        "runAsNonRoot": True, "runAsUser": worker.run_as_user, "runAsGroup": worker.run_as_user,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _container_security_context(worker: WorkerSpec) -> dict[str, Any] | None:
+    """Restricted: no privilege escalation, no capabilities; Unrestricted: the spec's, if any."""
+    if worker.pod_security == "Restricted":
+        return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    return dict(worker.security_context) if worker.security_context is not None else None
+
+
+def _shm_volume(worker: WorkerSpec) -> dict[str, Any]:
+    """NCCL and DataLoader workers need more /dev/shm than a container runtime's 64 MiB."""
+    empty_dir: dict[str, Any] = {"medium": "Memory"}
+    if worker.shm_size is not None:
+        empty_dir["sizeLimit"] = worker.shm_size
+    return {"name": SHM_VOLUME, "emptyDir": empty_dir}
+
+
 def pod(job: JobMeta, spec: TrainingJobSpec, plan: PodPlan) -> dict[str, Any]:
     """One training pod, gated, pinned to its planned node; the scheduler still binds it."""
     name = pod_name(job.name, plan.attempt, plan.index)
@@ -210,7 +238,13 @@ def pod(job: JobMeta, spec: TrainingJobSpec, plan: PodPlan) -> dict[str, Any]:
         "name": CONTAINER, "image": spec.image, "env": _env(spec, job, plan),
         "resources": _resources(spec),
         "ports": [{"name": "rendezvous", "containerPort": plan.master_port}],
+        "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
+        # the crashed container's last log lines survive as its termination message
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    container_security = _container_security_context(spec.worker)
+    if container_security is not None:
+        container["securityContext"] = container_security
     if spec.image_pull_policy:
         container["imagePullPolicy"] = spec.image_pull_policy
     if spec.command:
@@ -230,7 +264,12 @@ def pod(job: JobMeta, spec: TrainingJobSpec, plan: PodPlan) -> dict[str, Any]:
         }}},
         "tolerations": [t.to_wire() for t in spec.worker.tolerations],
         "containers": [container],
+        "volumes": [_shm_volume(spec.worker)],
+        "automountServiceAccountToken": spec.worker.automount_service_account_token,
     }
+    pod_security = _pod_security_context(spec.worker)
+    if pod_security is not None:
+        pod_spec["securityContext"] = pod_security
     if spec.worker.node_selector:
         pod_spec["nodeSelector"] = dict(spec.worker.node_selector)
     if spec.worker.service_account_name:

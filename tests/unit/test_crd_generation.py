@@ -53,7 +53,8 @@ def test_only_training_is_free_form() -> None:
         return found
 
     assert free_form(schema()["properties"]["spec"], "spec") == [
-        "spec.env[].valueFrom", "spec.worker.env[].valueFrom", "spec.training",
+        "spec.env[].valueFrom", "spec.worker.securityContext", "spec.worker.env[].valueFrom",
+        "spec.training",
     ]
 
 

@@ -98,3 +98,39 @@ def test_rank_table_round_trip_and_order() -> None:
         (0, 0, 0, 0), (1, 0, 0, 0), (0, 1, 0, 1), (1, 1, 0, 1)]
     assert rows[7]["node"] == "b2"
     assert parse_rank_table({"attempt": "x"}) is None
+
+
+def test_pods_meet_the_restricted_pod_security_standard_by_default() -> None:
+    p = pod(JOB, spec(), PodPlan(0, 0, "n", 2, None))
+    container = p["spec"]["containers"][0]
+    assert p["spec"]["securityContext"] == {
+        "runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    assert p["spec"]["automountServiceAccountToken"] is False
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert p["spec"]["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    assert container["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
+
+
+def test_an_image_that_needs_root_opts_out_per_job() -> None:
+    worker = {"gpusPerPod": 2, "podSecurity": "Unrestricted", "automountServiceAccountToken": True,
+              "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}, "shmSize": "16Gi"}
+    p = pod(JOB, spec(worker=worker), PodPlan(0, 0, "n", 2, None))
+    assert "securityContext" not in p["spec"], "the image's own user (root) applies"
+    assert p["spec"]["containers"][0]["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+    assert p["spec"]["automountServiceAccountToken"] is True
+    assert p["spec"]["volumes"][0]["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
+    bare = pod(JOB, spec(worker={"gpusPerPod": 2, "podSecurity": "Unrestricted"}), PodPlan(0, 0, "n", 2, None))
+    assert "securityContext" not in bare["spec"]["containers"][0]
+
+
+def test_another_uid_for_a_restricted_image() -> None:
+    p = pod(JOB, spec(worker={"gpusPerPod": 2, "runAsUser": 1000}), PodPlan(0, 0, "n", 2, None))
+    assert (p["spec"]["securityContext"]["runAsUser"], p["spec"]["securityContext"]["runAsGroup"]) == (1000, 1000)
+
+
+def test_a_security_context_under_restricted_is_refused_naming_the_field() -> None:
+    with pytest.raises(ValueError, match=r"spec\.worker\.securityContext requires spec\.worker\.podSecurity"):
+        spec(worker={"gpusPerPod": 2, "securityContext": {"privileged": True}})

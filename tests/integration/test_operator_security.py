@@ -1,0 +1,48 @@
+"""Trainer pods in a namespace that enforces the `restricted` Pod Security Standard.
+
+The real API server's PodSecurity admission judges the operator's pods; KWOK
+nodes run them (no processes). A bare pod is refused in the same namespace, so
+the test would notice an API server that does not enforce the label.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+from operator_support import Cluster, cluster_fixture, wait_for
+
+from testbed.kube import Kube
+
+pytestmark = pytest.mark.integration
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted",
+              "pod-security.kubernetes.io/enforce-version": "latest"}
+
+
+@pytest.fixture
+def cluster(kube: Kube, namespace: str, tmp_path: Path) -> Iterator[Cluster]:
+    kube.core.patch_namespace(namespace, {"metadata": {"labels": RESTRICTED}})
+    yield from cluster_fixture(kube, namespace, tmp_path)
+
+
+def test_a_restricted_namespace_admits_the_gang(cluster: Cluster) -> None:
+    with pytest.raises(ApiException) as refused:
+        cluster.kube.core.create_namespaced_pod(cluster.namespace, {
+            "metadata": {"name": "bare"},
+            "spec": {"containers": [{"name": "c", "image": "example.invalid/c:1"}]},
+        })
+    assert refused.value.status == 403 and "restricted" in str(refused.value.body)
+
+    cluster.add_nodes(racks=1, per_rack=2)
+    cluster.apply(cluster.manifest("llm", pipeline=1))
+    pods = wait_for("the gang Running", lambda: cluster.running_gang("llm", 0, 2))
+    for pod in pods:
+        assert pod.spec.security_context.run_as_non_root is True
+        assert pod.spec.security_context.run_as_user == 10001
+        assert pod.spec.automount_service_account_token is False
+        mounts = {m.mount_path for m in pod.spec.containers[0].volume_mounts}
+        assert "/dev/shm" in mounts
+        assert not any("serviceaccount" in m for m in mounts), "an API token was mounted"
+    assert cluster.status("llm")["phase"] == "Running"
