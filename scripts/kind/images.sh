@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# Every image a topotrain kind cluster runs, built locally (nothing is pulled):
+#   node     $repo/kind-node:$KUBERNETES_VERSION  the kind node image, with the
+#            control-plane, kube-proxy, etcd, CoreDNS and pause images preloaded
+#            in its containerd under $repo (kubeadm imageRepository)
+#   s3       $repo/s3:$VERSITYGW_VERSION          versitygw (posix backend)
+#   operator ghcr.io/topotrain/operator:$version  operator/Dockerfile
+#   trainer  ghcr.io/topotrain/trainer:$version-cpu  trainer_image/Dockerfile, FLAVOUR=cpu
+# Each is keyed by the hash of what goes into it and kept in the engine (the
+# node and base images also as tarballs under $TOPOTRAIN_CACHE/kind/images).
+# Usage: scripts/kind/images.sh [node|s3|operator|trainer ...]  (default: all)
+set -euo pipefail
+# shellcheck source=scripts/kind/lib.sh
+source "$(dirname "$0")/lib.sh"
+version=$(sed -nE 's/^version = "(.*)"/\1/p' "$kind_root/pyproject.toml")
+tb_bin="$cache/bin"
+debian="$repo/debian:$DEBIAN_SUITE"
+python_image="$repo/python:$DEBIAN_SUITE"
+image_id() { docker image inspect -f '{{.Id}}' "$1"; }
+
+# simple_image TAG KEY CONTEXT_DIR DOCKERFILE_TEXT
+simple_image() {
+  local tag=$1 key=$2 ctx=$3 text=$4
+  have_image "$tag" "$key" && return 0
+  printf '%s\n' "$text" | docker_build -q -t "$tag" --label "io.topotrain.key=$key" -f - "$ctx" >/dev/null
+  save_image "$tag" "$key"
+}
+
+# The images kubeadm and the nodes run, under $repo.
+component_images() {
+  local ctx
+  ctx=$(mktemp -d)
+  trap 'rm -rf "$ctx"' RETURN
+  local b base_id
+  base_id=$(image_id "$debian")
+  for b in kube-apiserver kube-controller-manager kube-scheduler; do
+    cp "$tb_bin/$b" "$ctx/"
+    simple_image "$repo/$b:$KUBERNETES_VERSION" "$(key_of "$base_id" "$ctx/$b")" "$ctx" \
+      "FROM $debian
+COPY $b /usr/local/bin/$b
+ENTRYPOINT [\"/usr/local/bin/$b\"]"
+  done
+  cp "$tb_bin/etcd" "$ctx/"
+  simple_image "$repo/etcd:${ETCD_VERSION#v}" "$(key_of "$base_id" "$ctx/etcd")" "$ctx" \
+    "FROM $debian
+COPY etcd /usr/local/bin/etcd
+ENTRYPOINT [\"/usr/local/bin/etcd\"]"
+  cp "$kind_bin/kube-proxy" "$ctx/"
+  simple_image "$repo/kube-proxy:$KUBERNETES_VERSION" "$(key_of "$base_id" "$ctx/kube-proxy" proxy-v1)" "$ctx" \
+    "FROM $debian
+RUN apt-get update && apt-get install -y --no-install-recommends iptables conntrack ipset kmod \
+ && rm -rf /var/lib/apt/lists/*
+COPY kube-proxy /usr/local/bin/kube-proxy
+ENTRYPOINT [\"/usr/local/bin/kube-proxy\"]"
+  cp "$kind_bin/coredns" "$ctx/"
+  simple_image "$repo/coredns:$COREDNS_VERSION" "$(key_of "$base_id" "$ctx/coredns")" "$ctx" \
+    "FROM $debian
+COPY coredns /coredns
+EXPOSE 53 53/udp
+ENTRYPOINT [\"/coredns\"]"
+  cp "$kind_bin/pause" "$ctx/"
+  simple_image "$repo/pause:$PAUSE_VERSION" "$(key_of "$ctx/pause")" "$ctx" \
+    "FROM scratch
+COPY pause /pause
+USER 65535:65535
+ENTRYPOINT [\"/pause\"]"
+}
+
+# The node's base: Debian packages, kind's own base-image files (from the kind
+# module in the Go module cache), containerd/crictl built here, runc and the
+# CNI plugins from Debian, and topotrain-node-init in front of kind's entrypoint.
+node_base() {
+  local kind_files ctx key tag
+  kind_files=$(go_module_dir sigs.k8s.io/kind "$KIND_VERSION")/images/base/files
+  ctx=$(mktemp -d)
+  trap 'rm -rf "$ctx"' RETURN
+  cp -r "$kind_files" "$ctx/files"
+  chmod -R u+w "$ctx/files"
+  mkdir -p "$ctx/bin"
+  local b
+  for b in containerd ctr containerd-shim-runc-v2 crictl kubeadm kubelet; do cp "$kind_bin/$b" "$ctx/bin/"; done
+  cp "$tb_bin/kubectl" "$ctx/bin/"
+  cp "$kind_root/scripts/kind/node/topotrain-node-init" "$ctx/"
+  key=$(key_of "$(image_id "$debian")" "$KIND_VERSION" "$ctx"/bin/* "$ctx/topotrain-node-init" node-base-v1 \
+    "$repo" "$PAUSE_VERSION")
+  tag="$repo/kind-node-base:$KUBERNETES_VERSION"
+  have_image "$tag" "$key" && { echo "$tag"; return 0; }
+  cat > "$ctx/Dockerfile" <<DOCKERFILE
+FROM $debian
+RUN apt-get update && apt-get install -y --no-install-recommends \
+      systemd runc containernetworking-plugins conntrack iptables nftables iproute2 \
+      ethtool util-linux mount kmod libseccomp2 pigz bash ca-certificates curl jq procps \
+ && rm -rf /var/lib/apt/lists/* \
+ && find /lib/systemd/system/sysinit.target.wants/ -name systemd-tmpfiles-setup.service -delete \
+ && rm -f /lib/systemd/system/multi-user.target.wants/* /etc/systemd/system/*.wants/* \
+      /lib/systemd/system/local-fs.target.wants/* /lib/systemd/system/sockets.target.wants/*udev* \
+      /lib/systemd/system/sockets.target.wants/*initctl* /lib/systemd/system/basic.target.wants/* \
+ && echo ReadKMsg=no >> /etc/systemd/journald.conf \
+ && ln -sf /usr/lib/systemd/systemd /sbin/init
+COPY --chmod=0755 files/usr/local/bin/ /usr/local/bin/
+COPY files/kind/ /kind/
+COPY --chmod=0755 files/kind/bin/ /kind/bin/
+COPY files/etc/ /etc/
+COPY --chmod=0755 bin/containerd bin/ctr bin/containerd-shim-runc-v2 bin/crictl /usr/local/bin/
+COPY --chmod=0755 bin/kubeadm bin/kubelet bin/kubectl /usr/bin/
+COPY --chmod=0755 topotrain-node-init /usr/local/bin/topotrain-node-init
+RUN mkdir -p /opt/cni/bin /etc/kubernetes/manifests && ln -s /usr/lib/cni/* /opt/cni/bin/ \
+ && systemctl enable kubelet.service containerd.service undo-mount-hacks.service \
+ && systemctl mask systemd-binfmt.service \
+ && ctr oci spec \
+    | jq '.hooks.createContainer[.hooks.createContainer|length] |= . + {"path": "/kind/bin/mount-product-files.sh"}' \
+    | jq 'del(.process.rlimits)' > /etc/containerd/cri-base.json \
+ && sed -i -e 's#sandbox_image = .*#sandbox_image = "$repo/pause:$PAUSE_VERSION"#' \
+      -e 's#restrict_oom_score_adj = false#restrict_oom_score_adj = true#' /etc/containerd/config.toml \
+ && grep -q 'restrict_oom_score_adj = true' /etc/containerd/config.toml \
+ && containerd --version && runc --version && kubelet --version && kubeadm version -o short
+ENV container=docker
+STOPSIGNAL SIGRTMIN+3
+ENTRYPOINT ["/usr/local/bin/topotrain-node-init", "/usr/local/bin/entrypoint", "/sbin/init"]
+DOCKERFILE
+  docker_build -q -t "$tag" --label "io.topotrain.key=$key" "$ctx" >/dev/null
+  save_image "$tag" "$key"
+  echo "$tag"
+}
+
+# The node image: node_base with the component images imported into its
+# containerd (unpacked when first used, as kind does).
+build_node() {
+  component_images
+  local base tag="$repo/kind-node:$KUBERNETES_VERSION" key images=() t
+  base=$(node_base)
+  images=("$repo/kube-apiserver:$KUBERNETES_VERSION" "$repo/kube-controller-manager:$KUBERNETES_VERSION"
+    "$repo/kube-scheduler:$KUBERNETES_VERSION" "$repo/kube-proxy:$KUBERNETES_VERSION"
+    "$repo/etcd:${ETCD_VERSION#v}" "$repo/coredns:$COREDNS_VERSION" "$repo/pause:$PAUSE_VERSION")
+  key=$(for t in "$base" "${images[@]}"; do image_id "$t"; done | sha256sum | cut -c1-16)
+  have_image "$tag" "$key" && return 0
+  local cid
+  cid=$(docker run -d --entrypoint sleep "$base" infinity)
+  # shellcheck disable=SC2064
+  trap "docker rm -f -v $cid >/dev/null 2>&1 || true" RETURN
+  docker exec "$cid" bash -c 'nohup containerd >/tmp/containerd.log 2>&1 &'
+  for _ in $(seq 30); do docker exec "$cid" ctr version >/dev/null 2>&1 && break; sleep 1; done
+  for t in "${images[@]}"; do
+    docker save "$t" | docker exec -i "$cid" ctr -n k8s.io images import --all-platforms --no-unpack --digests - >/dev/null
+  done
+  docker exec "$cid" ctr -n k8s.io images ls -q | grep -v '^sha256:' >&2
+  docker exec "$cid" bash -c 'kill $(pidof containerd); while pidof containerd >/dev/null; do sleep 0.2; done; rm -f /tmp/containerd.log'
+  docker commit --change "LABEL io.topotrain.key=$key" \
+    --change 'ENTRYPOINT ["/usr/local/bin/topotrain-node-init", "/usr/local/bin/entrypoint", "/sbin/init"]' \
+    --change 'CMD []' "$cid" "$tag" >/dev/null
+  save_image "$tag" "$key"
+}
+
+build_s3() {
+  local ctx
+  ctx=$(mktemp -d)
+  trap 'rm -rf "$ctx"' RETURN
+  cp "$tb_bin/versitygw" "$ctx/"
+  simple_image "$repo/s3:$VERSITYGW_VERSION" "$(key_of "$(image_id "$debian")" "$ctx/versitygw")" "$ctx" \
+    "FROM $debian
+COPY versitygw /usr/local/bin/versitygw
+RUN useradd --system --uid 65532 --home-dir /data --shell /usr/sbin/nologin s3 \
+ && mkdir -p /data && chown 65532 /data
+USER 65532
+EXPOSE 7070
+ENTRYPOINT [\"/usr/local/bin/versitygw\"]"
+}
+
+# Our Dockerfiles: docker build's layer cache makes a warm run fast.
+build_operator() {
+  docker_build -q -t "ghcr.io/topotrain/operator:$version" --build-arg "PYTHON_IMAGE=$python_image" \
+    -f "$kind_root/operator/Dockerfile" "$kind_root" >/dev/null
+}
+build_trainer() {
+  docker_build -q -t "ghcr.io/topotrain/trainer:$version-cpu" --build-arg FLAVOUR=cpu \
+    --build-arg "PYTHON_IMAGE=$python_image" -f "$kind_root/trainer_image/Dockerfile" "$kind_root" >/dev/null
+}
+
+"$kind_root/scripts/kind/base-images.sh"
+targets=("$@")
+[ ${#targets[@]} -eq 0 ] && targets=(node s3 operator trainer)
+for t in "${targets[@]}"; do
+  timed "image $t" "build_$t"
+done
