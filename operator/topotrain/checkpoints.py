@@ -12,13 +12,14 @@ operator image stays small. URIs stay strings (`s3://bucket/key/prefix`).
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from topotrain.s3client import OPERATOR_TIMEOUTS, make_client
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -285,24 +286,16 @@ class CheckpointStore:
         return doomed
 
 
-def make_client(
-    endpoint: str | None = None, access_key: str | None = None, secret_key: str | None = None
-) -> S3Client:
-    """A boto3 S3 client; unset arguments fall back to the AWS_* environment."""
-    import boto3
-    from botocore.config import Config
+def operator_store(
+    prefix_uri: str, endpoint: str | None, credentials: tuple[str, str] | None
+) -> CheckpointStore:
+    """The operator's client for one job's store, with OPERATOR_TIMEOUTS.
 
-    client: S3Client = boto3.client(
-        "s3",
-        endpoint_url=endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or None,
-        aws_access_key_id=access_key or None,
-        aws_secret_access_key=secret_key or None,
-        region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
-        config=Config(
-            s3={"addressing_style": "path"},
-            retries={"max_attempts": 3, "mode": "standard"},
-            connect_timeout=5,
-            read_timeout=30,
-        ),
-    )
-    return client
+    Signed with the job's Secret (`credentials`), else unsigned: the operator
+    never lends its own identity (environment, IRSA, instance role) to the
+    endpoint a job names.
+    """
+    access, secret = credentials or (None, None)
+    client = make_client(endpoint, access, secret, unsigned=credentials is None,
+                         timeouts=OPERATOR_TIMEOUTS)  # fmt: skip
+    return CheckpointStore(prefix_uri, client=client)

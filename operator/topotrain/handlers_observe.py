@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from topotrain.api import TrainingJobSpec
-from topotrain.checkpoints import CheckpointStore, job_prefix
+from topotrain.checkpoints import CheckpointStore, job_prefix, operator_store
 from topotrain.kube import Kube, SecretProblem
 from topotrain.reconcile_status import CheckpointView
 from topotrain.settings import Settings
@@ -80,7 +80,7 @@ class Observer:
         key = (prefix, endpoint, access + ":" + secret)
         store = self._stores.get(key)
         if store is None:
-            store = CheckpointStore(prefix, endpoint, access or None, secret or None)
+            store = operator_store(prefix, endpoint, (access, secret) if access else None)
             self._stores = {key: store}  # one job, one store: drop stale credentials
         return store
 
