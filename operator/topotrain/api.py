@@ -2,8 +2,9 @@
 
 These models are the single source of truth: `topotrain crd` generates the
 CRD's OpenAPI schema from them, and every rule the API server can check is
-also enforced here (as CEL in the CRD, as validators in Python), so a spec
-that passes one passes the other. Aliases are the camelCase wire names.
+also enforced here (as CEL in the CRD, as validators in Python; the
+allowed-data-degree rule of `topotrain.degrees` in `validate_manifest`), so a
+spec that passes one passes the other. Aliases are the camelCase wire names.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from topotrain import GROUP, KIND, VERSION
+from topotrain import GROUP, KIND, VERSION, degrees
 from topotrain.contract import RANK_ORDERS, RESERVED
 from topotrain.status import TrainingJobStatus
 
@@ -37,6 +38,21 @@ FreeForm = Annotated[
     dict[str, Any],
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
 ]
+
+TRAINING_SCHEMA: dict[str, Any] = {
+    "type": "object", "x-kubernetes-preserve-unknown-fields": True,
+    # Declared so that CEL can read them (degrees.CRD_SPEC_RULES); other keys pass through.
+    "properties": {
+        "globalBatch": {"type": "integer", "minimum": 1, "description": "Bundled trainer: samples "
+                        f"per optimizer step (default {degrees.DEFAULT_GLOBAL_BATCH}). Setting it "
+                        "(or microBatch) makes the operator apply the batch rule to data degrees."},
+        "microBatch": {"type": "integer", "minimum": 1, "description": "Bundled trainer: samples per "
+                       f"forward/backward on one rank (default {degrees.DEFAULT_MICRO_BATCH})."},
+        "schedule": {"type": "string", "description": "Bundled trainer: pipeline schedule, 1f1b "
+                     f"or gpipe (default {degrees.DEFAULT_SCHEDULE})."},
+    },
+}
+TrainingFreeForm = Annotated[dict[str, Any], WithJsonSchema(TRAINING_SCHEMA)]
 
 IMMUTABLE = [{"rule": "self == oldSelf", "message": "is immutable after creation"}]
 MAX_ENV = 128
@@ -75,6 +91,16 @@ class Parallelism(_Model):
         None, alias="minData", ge=1, le=65536,
         description="Elastic lower bound of the data degree: when capacity is lost the job "
         "shrinks down to this instead of waiting. Default: equal to data (not elastic).",
+    )
+    data_multiple: int | None = Field(
+        None, alias="dataMultiple", ge=1, le=65536,
+        description="For a trainer of your own: every data degree the job runs at (data, minData "
+        "and each elastic shrink or grow) is a multiple of this. Default 1.",
+    )
+    allowed_data: list[Annotated[int, Field(ge=1, le=65536)]] | None = Field(
+        None, alias="allowedData", max_length=MAX_LIST,
+        description="For a trainer of your own: the only data degrees the job may run at "
+        "(data and minData must be in it). Default: any degree the other rules allow.",
     )
 
     @model_validator(mode="after")
@@ -260,6 +286,13 @@ class CheckpointSpec(_Model):
     )
     interval_steps: int = Field(200, alias="intervalSteps", ge=1, description="Checkpoint every N steps.")
     keep: int = Field(3, ge=1, le=1000, description="Committed checkpoints to retain.")
+    resume_policy: Literal["IfOwned", "Always"] = Field(
+        "IfOwned", alias="resumePolicy",
+        description="IfOwned (default): the job resumes only checkpoints it wrote itself; if its "
+        "prefix already holds committed checkpoints of another run (say, a deleted job of the same "
+        "name), it does not start and condition ConfigValid says so. Always: it starts from them, "
+        "and status.resumedFrom names the run they came from.",
+    )
 
     @model_validator(mode="after")
     def _s3_uri(self) -> CheckpointSpec:
@@ -272,7 +305,27 @@ class FailurePolicy(_Model):
     """How failures are retried."""
 
     max_restarts: int = Field(
-        20, alias="maxRestarts", ge=0, description="Gang restarts before the job is Failed."
+        20, alias="maxRestarts", ge=0,
+        description="Restarts after application failures (a non-zero exit, a hang) before the job "
+        "is Failed.",
+    )
+    max_infrastructure_restarts: int = Field(
+        100, alias="maxInfrastructureRestarts", ge=0,
+        description="Restarts after infrastructure failures (node lost or NotReady, eviction, "
+        "preemption, pod deleted, pods that never start) before the job is Failed; a budget of "
+        "its own, so a flaky cluster does not use up maxRestarts.",
+    )
+    scheduling_timeout_seconds: int = Field(
+        600, alias="schedulingTimeoutSeconds", ge=0,
+        description="Pods released but not Running after this long (image pull errors, "
+        "CreateContainerConfigError, Unschedulable) restart the gang away from their nodes "
+        "(an infrastructure failure); pods the API server keeps refusing fail the job after this "
+        "long. 0 disables.",
+    )
+    node_failure_threshold: int = Field(
+        2, alias="nodeFailureThreshold", ge=0,
+        description="A node that failed this job's pods this many times is avoided by its "
+        "re-plans (status.nodeFailures). 0 never avoids a node.",
     )
     backoff_seconds: int = Field(
         10, alias="backoffSeconds", ge=0,
@@ -335,7 +388,7 @@ class TrainingJobSpec(_Model):
         default_factory=lambda: FailurePolicy(), alias="failurePolicy", description="Restart policy.",
         json_schema_extra={"default": {}},
     )
-    training: FreeForm = Field(
+    training: TrainingFreeForm = Field(
         default_factory=dict, description="Free-form configuration handed to the trainer as JSON "
         "(TOPOTRAIN_TRAINING_CONFIG).", json_schema_extra={"default": {}},
     )
@@ -379,6 +432,7 @@ CRD_SPEC_RULES = [
         "message": "parallelism.tensor must divide worker.gpusPerPod or be a multiple of it",
         "fieldPath": ".parallelism.tensor",
     },
+    *degrees.CRD_SPEC_RULES,
 ]
 CRD_PARALLELISM_RULES = [
     {
@@ -386,6 +440,7 @@ CRD_PARALLELISM_RULES = [
         "message": "minData must be <= data (kubectl scale cannot go below minData)",
         "fieldPath": ".minData",
     },
+    *degrees.CRD_PARALLELISM_RULES,
 ]
 
 
@@ -426,9 +481,12 @@ def validate_manifest(manifest: dict[str, Any]) -> list[str]:
     if not isinstance(spec, dict):
         return [*problems, "spec: required"]
     try:
-        TrainingJobSpec.model_validate(spec)
+        parsed = TrainingJobSpec.model_validate(spec)
     except ValidationError as exc:
         for err in exc.errors():
             path = ".".join(str(part) for part in ("spec", *err["loc"]))
             problems.append(f"{path}: {err['msg']}")
-    return problems
+        return problems
+    # Checked here and in CEL, not in the model: a spec stored before the rule still parses,
+    # so the operator can report it in a condition (degrees.spec_problems) instead of choking.
+    return [*problems, *degrees.spec_problems(parsed)]

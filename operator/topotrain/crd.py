@@ -112,7 +112,11 @@ PRINTER_COLUMNS = [
      "description": "Latest step reported by the trainer"},
     {"name": "Recovery", "type": "string", "jsonPath": ".status.recovery.lastSeconds",
      "description": "Seconds the last recovery took"},
+    {"name": "Reason", "type": "string", "jsonPath": ".status.reason",
+     "description": "Why the job is in its phase (see Message, or kubectl describe)"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1,
+     "description": "Why the job is in its phase, in words"},
 ]
 
 

@@ -4,6 +4,9 @@ Order within a pass: delete what must go; apply the Service and the rank
 table; record the new pods in the ledger, create them all behind the gang
 gate, and only when every one exists release the gate on all of them, so a
 gang never half-starts and never holds GPUs while waiting for the rest.
+Nothing here touches an object of a child's name that another owner holds
+(see ownership.py): such a Service or ConfigMap stops the launch, such a pod
+is refused, and neither is deleted.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 from topotrain.api import TrainingJobSpec
 from topotrain.kube import Kube
 from topotrain.manifests import JobMeta, PodPlan, pod, pod_name, rank_table, service
+from topotrain.ownership import ForeignObject
 from topotrain.reconcile import Decision, Launch
 from topotrain.settings import Settings
 from topotrain.snapshot import JobKey, Ledger
@@ -29,9 +33,16 @@ class Actuator:
         self.kube = kube
         self.settings = settings
         self.ledger = ledger
+        # (reason, message) when the last pass met an object of ours that someone else owns
+        self.problem: tuple[str, str] | None = None
 
-    def apply(self, key: JobKey, body: Mapping[str, Any], spec: TrainingJobSpec, decision: Decision) -> None:
+    def apply(
+        self, key: JobKey, body: Mapping[str, Any], spec: TrainingJobSpec, decision: Decision,
+    ) -> dict[str, str]:
+        """Carry out `decision`; returns the pods the API server refused (name -> its message)."""
         namespace = key[0]
+        refused: dict[str, str] = {}
+        self.problem = None
         if decision.delete:
             self.kube.delete_pods(namespace, decision.delete, self.settings.pod_grace_seconds)
             for name in decision.delete:
@@ -39,11 +50,19 @@ class Actuator:
         if decision.launch is not None:
             meta = body.get("metadata", {})
             job = JobMeta(name=key[1], namespace=namespace, uid=str(meta.get("uid", "")))
-            self._launch(key, job, spec, decision.launch)
-        if decision.release:
+            try:
+                refused = self._launch(key, job, spec, decision.launch)
+            except ForeignObject as exc:  # the next pass's Observer says so in ConfigValid
+                log.warning("%s/%s: %s", *key, exc.message)
+                self.problem = exc.problem
+                return {}
+        if decision.release and not refused:
             self.kube.release_pods(namespace, decision.release)
+        return refused
 
-    def _launch(self, key: JobKey, job: JobMeta, spec: TrainingJobSpec, launch: Launch) -> None:
+    def _launch(
+        self, key: JobKey, job: JobMeta, spec: TrainingJobSpec, launch: Launch,
+    ) -> dict[str, str]:
         settings = self.settings
         self.kube.apply(service(job, settings.master_port))
         if not launch.only:
@@ -60,15 +79,18 @@ class Actuator:
         ]
         for manifest in manifests:
             self.ledger.record(key, manifest)
-        created = set(self.kube.create_pods(manifests))
-        missing = [m["metadata"]["name"] for m in manifests if m["metadata"]["name"] not in created]
-        if missing:
-            log.warning("%s/%s attempt %d: %d pod(s) not created yet (%s); gate kept closed",
-                        *key, launch.attempt, len(missing), ", ".join(missing[:3]))
-            for name in missing:
-                self.ledger.forget(job.namespace, name)
-            return
-        if not launch.release:
-            return
+        created, refused = self.kube.create_pods(manifests)
         every = [pod_name(job.name, launch.attempt, i) for i in sorted(launch.assignments)]
-        self.kube.release_pods(job.namespace, every)
+        if refused:
+            # Never leave half a gang holding quota or GPUs: take back what was created, gated.
+            log.warning("%s/%s attempt %d: the API server refused %d pod(s) (%s); deleting the "
+                        "%d created", *key, launch.attempt, len(refused),
+                        next(iter(refused.values())), len(created))
+            # (a refused name is not ours: absent, or a foreign pod that must stay)
+            self.kube.delete_pods(job.namespace, [n for n in every if n not in refused], 0)
+            for name in every:
+                self.ledger.forget(job.namespace, name)
+            return refused
+        if launch.release:
+            self.kube.release_pods(job.namespace, every)
+        return {}

@@ -26,14 +26,36 @@ from topotrain.api import TrainingJobSpec
 from topotrain.handlers_act import Actuator
 from topotrain.handlers_observe import Observer
 from topotrain.kube import Kube, merge_patch
+from topotrain.manifests import template_hash
 from topotrain.metrics import METRICS
 from topotrain.planning import PlacementPlanner, PlanOutcome
-from topotrain.reconcile_status import CheckpointView
+from topotrain.policy import avoided_nodes
+from topotrain.reconcile_status import CheckpointView, StatusBuilder, iso
 from topotrain.settings import Settings
 from topotrain.snapshot import JobKey, Ledger, Snapshot
-from topotrain.status import ConditionType, TrainingJobStatus, set_condition
+from topotrain.status import (
+    ConditionType,
+    Reason,
+    ResumedFromStatus,
+    TrainingJobStatus,
+    set_condition,
+)
 
 log = logging.getLogger("topotrain.jobs")
+
+
+def refusal_condition(refused: Mapping[str, str]) -> tuple[str, str]:
+    """(reason, message) of a PodsCreated=False condition from the API server's refusals."""
+    name, text = next(iter(sorted(refused.items())))
+    code = text.split(":", 1)[0]
+    if code == "403" and "exceeded quota" in text:
+        reason = Reason.QUOTA_EXCEEDED
+    elif code == "422":
+        reason = Reason.POD_SPEC_INVALID
+    else:
+        reason = Reason.POD_CREATE_REFUSED
+    more = f" (+{len(refused) - 1} more)" if len(refused) > 1 else ""
+    return reason, f"the API server refused pod {name}{more}: {text}; the gang was not started"
 COALESCE_SECONDS = 0.02  # let a burst of watch events land before the next pass
 
 
@@ -83,8 +105,10 @@ class JobLoop:
 
     def __init__(self, op: Operator, key: JobKey, body: kopf.Body) -> None:
         self.op, self.key, self.body = op, key, body
-        self.observer = Observer(op.kube, op.settings)
+        self.uid = str(body.get("metadata", {}).get("uid") or "")  # children are ours by this UID
+        self.observer = Observer(op.kube, op.settings, self.uid)
         self.actuator = Actuator(op.kube, op.settings, op.ledger)
+        self.last_refusal: datetime | None = None
 
     async def run(self, stopped: kopf.DaemonStopped, pods: kopf.Index[str, Any],
                   nodes: kopf.Index[str, Any]) -> None:
@@ -110,7 +134,6 @@ class JobLoop:
 
     async def pass_once(self, pods: kopf.Index[str, Any], nodes: kopf.Index[str, Any]) -> float | None:
         started = time.perf_counter()
-        namespace, name = self.key
         raw_status = dict(self.body.get("status") or {})
         self.op.written.setdefault(self.key, raw_status)
         status = TrainingJobStatus.model_validate(self.op.written[self.key])
@@ -119,7 +142,9 @@ class JobLoop:
         except ValidationError as exc:
             return await self._invalid_spec(status, str(exc).splitlines()[0:3])
         problem, ckpt = await asyncio.to_thread(self.observer.checkpoint, self.key, spec, status)
-        table = await asyncio.to_thread(self.op.kube.rank_table, namespace, name)
+        owned, table = await asyncio.to_thread(
+            self.observer.children, self.key, self.actuator.problem is not None)
+        problem = problem or owned
         async with self.op.plan_lock:
             snapshot = Snapshot.take(_values(nodes), _values(pods), self.op.ledger)
             obs = self._observed(spec, status, snapshot, ckpt, table, problem)
@@ -131,10 +156,13 @@ class JobLoop:
             # Intent first: the status (attempt, restarts, failure) is durable before any pod
             # changes, so an operator killed at any line resumes without losing or repeating it.
             decided = time.perf_counter()
+            self._took_over(decision.status)
             await self._write_status(decision.status)
             written = time.perf_counter()
-            await asyncio.to_thread(self.actuator.apply, self.key, self.body, spec, decision)
+            refused = await asyncio.to_thread(self.actuator.apply, self.key, self.body, spec, decision)
             acted = time.perf_counter()
+            if refused:
+                await self._refused(decision.status, refused)
         for kind, reason, message in decision.events:
             kopf.event(self.body, type=kind, reason=reason, message=message)
             log.info("%s/%s %s %s: %s", *self.key, kind, reason, message)
@@ -155,18 +183,47 @@ class JobLoop:
         labels = self.op.settings.labels
         tolerations = [t.to_wire() for t in spec.worker.tolerations]
 
+        avoid = avoided_nodes(status.node_failures)
+
         def make() -> PlacementPlanner:
-            inventory = snapshot.inventory(self.key, labels, tolerations, spec.worker.node_selector)
+            inventory = snapshot.inventory(self.key, labels, tolerations, spec.worker.node_selector,
+                                           avoid, uid=self.uid or None)
             return PlacementPlanner(spec, inventory)
 
         return rec.Observed(
             name=self.key[1], namespace=self.key[0],
             generation=int(self.body.get("metadata", {}).get("generation") or 0),
-            spec=spec, status=status, pods=snapshot.job_pods(self.key),
+            spec=spec, status=status, pods=snapshot.job_pods(self.key, self.uid or None),
             nodes=snapshot.node_views(), planner=LazyPlanner(make), now=datetime.now(UTC),
-            checkpoint=ckpt, rank_table=table, config_problem=problem,
-            strategy=self.op.settings.recovery,
+            checkpoint=ckpt, rank_table=table,
+            config_problem=problem or snapshot.foreign_problem(self.key, self.uid, status.attempt),
+            strategy=self.op.settings.recovery, last_refusal=self.last_refusal,
+            template=template_hash(spec),
         )
+
+    def _took_over(self, status: TrainingJobStatus) -> None:
+        """status.resumedFrom, and one Event, once the job took over another run's checkpoints."""
+        record = self.observer.took_over
+        if record is None or record.resumed_step is None or status.resumed_from is not None:
+            return
+        status.resumed_from = ResumedFromStatus(
+            uid=record.resumed_uid or "", step=record.resumed_step, time=iso(record.created))
+        whose = f"TrainingJob uid {record.resumed_uid}" if record.resumed_uid else "a run of unknown owner"
+        kopf.event(self.body, type="Warning", reason=Reason.RESUMED_FOREIGN,
+                   message=f"resuming checkpoints written by {whose}, from step {record.resumed_step} "
+                   "(spec.checkpoint.resumePolicy: Always)")
+
+    async def _refused(self, status: TrainingJobStatus, refused: Mapping[str, str]) -> None:
+        """Say in status why the gang was not created (the API server's own words)."""
+        self.last_refusal = datetime.now(UTC)
+        reason, message = refusal_condition(refused)
+        sb = StatusBuilder(status, int(self.body.get("metadata", {}).get("generation") or 0),
+                           self.last_refusal)
+        sb.pods_refused(reason, message)
+        sb.summarize()
+        for kind, why, text in sb.events:
+            kopf.event(self.body, type=kind, reason=why, message=text)
+        await self._write_status(sb.status)
 
     async def _invalid_spec(self, status: TrainingJobStatus, lines: list[str]) -> float | None:
         status.conditions = set_condition(

@@ -1,9 +1,10 @@
 """The operator's small Kubernetes edge: the only module that calls the API server.
 
 Children are created with the field manager `topotrain` and a controller owner
-reference; the Service and ConfigMap are server-side applied; pods are created
-if absent (AlreadyExists is success) and released by removing their scheduling
-gate; the status subresource is patched with a JSON merge patch computed
+reference; the Service and ConfigMap are server-side applied, but never onto an
+object of that name owned by someone else (ForeignObject); pods are created if
+absent (AlreadyExists is success only when the pod there is this job's, by
+owner UID) and released by removing their scheduling gate; the status subresource is patched with a JSON merge patch computed
 against what was last written, and only when it differs. Calls are blocking
 (the official client); the async handlers run them in worker threads.
 """
@@ -11,6 +12,7 @@ against what was last written, and only when it differs. Calls are blocking
 from __future__ import annotations
 
 import base64
+import json
 import logging
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from topotrain import GROUP, PLURAL, VERSION
 from topotrain.contract import ACCESS_KEY_ID, SECRET_ACCESS_KEY
 from topotrain.manifests import FIELD_OWNER, parse_rank_table, rank_table_name
+from topotrain.ownership import ForeignObject, controller_owner, foreign_message, owned_by
 from topotrain.reconcile import RankTable
 from topotrain.status import Reason
 
@@ -51,6 +54,16 @@ def merge_patch(old: Any, new: Any) -> Any:
         elif old[key] != value:
             patch[key] = merge_patch(old[key], value)
     return patch
+
+
+def api_message(exc: ApiException) -> str:
+    """The API server's own words from an error response (its Status message), else the reason."""
+    try:
+        body = json.loads(exc.body or "{}")
+    except (TypeError, ValueError):
+        body = {}
+    message = body.get("message") if isinstance(body, dict) else None
+    return str(message or exc.reason or "unknown error")[:1000]
 
 
 def load_config() -> None:
@@ -91,20 +104,56 @@ class Kube:
 
     # --- children ------------------------------------------------------------
 
+    def existing(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The wire (camelCase) metadata of a Pod, Service or ConfigMap; None when absent."""
+        read = {
+            "Pod": self.core.read_namespaced_pod, "Service": self.core.read_namespaced_service,
+            "ConfigMap": self.core.read_namespaced_config_map,
+        }[kind]
+        try:
+            obj = read(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return self._wire_metadata(obj)
+
+    def _wire_metadata(self, obj: Any) -> dict[str, Any]:
+        wire = self.api.sanitize_for_serialization(obj.metadata)  # type: ignore[no-untyped-call]
+        return cast(dict[str, Any], wire)
+
     def apply(self, manifest: Mapping[str, Any]) -> None:
-        """Server-side apply a Service or ConfigMap as field manager `topotrain`."""
+        """Server-side apply a Service or ConfigMap as field manager `topotrain`, onto our own only.
+
+        Raises ForeignObject when an object of that name exists and its controller is not the
+        manifest's owner: a user's object is never taken over. Only our own is applied with
+        force (to win back fields someone edited).
+        """
         kind, meta = manifest["kind"], manifest["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        ours = controller_owner(meta)
+        uid, job = (ours.uid, ours.name) if ours else ("", "")
+        current = self.existing(kind, namespace, name)
+        if current is not None and not owned_by(current, uid):
+            raise ForeignObject(kind, namespace, name, controller_owner(current), job)
         patch = {
             "Service": self.core.patch_namespaced_service,
             "ConfigMap": self.core.patch_namespaced_config_map,
         }[kind]
-        patch(
-            meta["name"], meta["namespace"], dict(manifest), field_manager=FIELD_OWNER, force=True,
-            _content_type="application/apply-patch+yaml",
-        )
+        try:
+            patch(
+                name, namespace, dict(manifest), field_manager=FIELD_OWNER, force=current is not None,
+                _content_type="application/apply-patch+yaml",
+            )
+        except ApiException as exc:
+            if exc.status != 409 or current is not None:
+                raise
+            # created by someone else since we looked, with fields that clash with ours
+            raise ForeignObject(kind, namespace, name, None, job) from None
 
-    def create_pods(self, manifests: list[dict[str, Any]]) -> list[str]:
-        """Create pods (in parallel); returns the names that exist afterwards."""
+    def create_pods(self, manifests: list[dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
+        """Create pods (in parallel): (names that exist afterwards, refused name -> API message)."""
+        refused: dict[str, str] = {}
 
         def one(manifest: dict[str, Any]) -> str | None:
             meta = manifest["metadata"]
@@ -113,13 +162,38 @@ class Kube:
                     meta["namespace"], cast(Any, manifest), field_manager=FIELD_OWNER
                 )
             except ApiException as exc:
-                if exc.status != 409:
-                    log.warning("creating pod %s/%s: %s %s", meta["namespace"], meta["name"],
-                                exc.status, exc.reason)
-                    return None
+                if exc.status == 409:
+                    return self._created_by_us(manifest, refused)
+                message = api_message(exc)
+                log.warning("creating pod %s/%s: %s %s", meta["namespace"], meta["name"],
+                            exc.status, message)
+                refused[str(meta["name"])] = f"{exc.status}: {message}"
+                return None
             return str(meta["name"])
 
-        return [name for name in self.pool.map(one, manifests) if name is not None]
+        created = [name for name in self.pool.map(one, manifests) if name is not None]
+        return created, refused
+
+    def _created_by_us(self, manifest: dict[str, Any], refused: dict[str, str]) -> str | None:
+        """After a 409: the name, if the pod there is ours (an earlier pass made it); else refused.
+
+        A pod of the same name owned by anything else (a deleted job's terminating pod, a
+        user's pod) is never adopted.
+        """
+        meta = manifest["metadata"]
+        namespace, name = str(meta["namespace"]), str(meta["name"])
+        ours = controller_owner(meta)
+        current = self.existing("Pod", namespace, name)
+        if current is not None and ours is not None and owned_by(current, ours.uid):
+            return name
+        if current is None:  # deleted since: the next pass creates it
+            refused[name] = f"409: pod {namespace}/{name} was being deleted; retrying"
+        else:
+            refused[name] = "409: " + foreign_message(
+                "Pod", namespace, name, controller_owner(current), ours.name if ours else "",
+                terminating=bool(current.get("deletionTimestamp")))
+        log.warning("creating pod %s/%s: %s", namespace, name, refused[name])
+        return None
 
     def release_pods(self, namespace: str, names: list[str]) -> None:
         """Remove the gang scheduling gate from every pod, together."""
@@ -149,13 +223,19 @@ class Kube:
 
         list(self.pool.map(one, names))
 
-    def rank_table(self, namespace: str, job: str) -> RankTable | None:
+    def rank_table(self, namespace: str, job: str, uid: str | None = None) -> RankTable | None:
+        """The job's rank table; with `uid`, raises ForeignObject when another owns the ConfigMap."""
+        name = rank_table_name(job)
         try:
-            cm = self.core.read_namespaced_config_map(rank_table_name(job), namespace)
+            cm = self.core.read_namespaced_config_map(name, namespace)
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
+        if uid is not None:
+            meta = self._wire_metadata(cm)
+            if not owned_by(meta, uid):
+                raise ForeignObject("ConfigMap", namespace, name, controller_owner(meta), job)
         parsed = parse_rank_table(cm.data or {})
         return None if parsed is None else RankTable(*parsed)
 

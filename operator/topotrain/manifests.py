@@ -15,6 +15,7 @@ controller owner reference, so deleting the job garbage-collects them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ INDEX_LABEL = "topotrain.io/index"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 NODE_ANNOTATION = "topotrain.io/node"
 RESUME_ANNOTATION = "topotrain.io/resume-step"
+TEMPLATE_ANNOTATION = "topotrain.io/template"  # hash of the spec fields the pods are built from
 GANG_GATE = "topotrain.io/gang"
 FIELD_OWNER = "topotrain"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -233,6 +235,7 @@ def pod(job: JobMeta, spec: TrainingJobSpec, plan: PodPlan) -> dict[str, Any]:
     meta["annotations"] = {
         NODE_ANNOTATION: plan.node,
         RESUME_ANNOTATION: "" if plan.resume_step is None else str(plan.resume_step),
+        TEMPLATE_ANNOTATION: template_hash(spec),
     }
     container: dict[str, Any] = {
         "name": CONTAINER, "image": spec.image, "env": _env(spec, job, plan),
@@ -277,6 +280,18 @@ def pod(job: JobMeta, spec: TrainingJobSpec, plan: PodPlan) -> dict[str, Any]:
     if spec.worker.priority_class_name:
         pod_spec["priorityClassName"] = spec.worker.priority_class_name
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+# Spec fields that do not change what a pod runs: the data degree is a resize, the rest only
+# steer placement and restarts.
+_NOT_IN_TEMPLATE = ("parallelism", "topology", "failurePolicy")
+
+
+def template_hash(spec: TrainingJobSpec) -> str:
+    """A short hash of every spec field the pods are built from; a change rolls the gang."""
+    wire = {k: v for k, v in spec.to_wire().items() if k not in _NOT_IN_TEMPLATE}
+    wire["parallelism"] = {"tensor": spec.parallelism.tensor, "pipeline": spec.parallelism.pipeline}
+    return hashlib.sha256(json.dumps(wire, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def release_patch() -> dict[str, Any]:

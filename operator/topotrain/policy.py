@@ -12,22 +12,48 @@ Failures, in the order they are reported when several happen at once:
 | a pod was deleted, or is being deleted, by someone else | PodDeleted | yes |
 | a pod's node was deleted | NodeLost | yes |
 | a pod's node is NotReady | NodeNotReady | yes |
-| `progress.json` older than `progressTimeoutSeconds` while Running (`startupTimeoutSeconds` before the attempt's first heartbeat) | ProgressStalled | yes |
+| a pod was preempted (condition DisruptionTarget, reason PreemptionByScheduler) | PodPreempted | yes |
+| pods not Running `schedulingTimeoutSeconds` after the attempt started (image pull errors, CreateContainerConfigError, Unschedulable) | PodsNotStarting | yes |
+| the step in `progress.json` unchanged for `progressTimeoutSeconds` while Running, by the operator's clock (`startupTimeoutSeconds` before the attempt's first heartbeat); never while the checkpoint store is unreachable | ProgressStalled | yes |
 
-A retryable failure restarts the whole gang (every rank must rendezvous again)
-after `min(backoffSeconds * 2**(restarts-1), maxBackoffSeconds)`; once
-`maxRestarts` restarts were made the next failure fails the job.
+Failure classes, each with its own budget: *application* failures (PodFailed,
+ProgressStalled) count against `maxRestarts`; *infrastructure* failures (the
+rest) count against `maxInfrastructureRestarts`, so a flaky cluster does not
+use up the application's budget. A retryable failure restarts the whole gang
+after `min(backoffSeconds * 2**(n-1), maxBackoffSeconds)`, n being the
+restarts of its class so far; once a class's budget is spent, the next failure
+of that class fails the job with a reason naming the budget.
+
+Node accounting: a failure is attributed to the node(s) it happened on when it
+is localized (one node's pods failed, the node was lost, pods stuck there);
+after `nodeFailureThreshold` failures that node is avoided by the job's
+re-plans and listed in `status.nodeFailures`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Literal
 
 from topotrain.api import FailurePolicy
-from topotrain.status import Reason
+from topotrain.status import NodeFailures, Reason, RestartBudgets
+
+APPLICATION, INFRASTRUCTURE = "application", "infrastructure"
+INFRASTRUCTURE_REASONS = frozenset({
+    Reason.POD_EVICTED, Reason.POD_DELETED, Reason.NODE_LOST, Reason.NODE_NOT_READY,
+    Reason.PODS_NOT_STARTING, Reason.POD_PREEMPTED,
+})
+# Waiting reasons that mean "this pod will not start by itself".
+STUCK_REASONS = frozenset({
+    "ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CreateContainerConfigError",
+    "CreateContainerError", "RunContainerError", "Unschedulable", "SchedulingGated",
+})
+
+
+def failure_class(reason: str) -> str:
+    return INFRASTRUCTURE if reason in INFRASTRUCTURE_REASONS else APPLICATION
 
 
 @dataclass(frozen=True)
@@ -44,8 +70,14 @@ class PodView:
     terminating: bool = False  # metadata.deletionTimestamp is set
     exit_code: int | None = None  # first non-zero container exit code, if any
     reason: str = ""  # status.reason (Evicted, ...) or the container's terminated reason
-    message: str = ""
+    message: str = ""  # status.message, else the container's termination message (log tail)
     gpus: int = 0
+    waiting: str = ""  # why it is not running yet: a container waiting reason or Unschedulable
+    waiting_message: str = ""
+    preempted: bool = False  # condition DisruptionTarget with a preemption reason
+    resume_step: str | None = None  # annotation topotrain.io/resume-step (None: absent)
+    template: str = ""  # annotation topotrain.io/template: the pod template hash it runs
+    owned: bool = True  # its controller owner is this job (False: another object's pod)
 
     @property
     def where(self) -> str:
@@ -71,6 +103,11 @@ class Failure:
     node: str | None = None
     exit_code: int | None = None
     lost_nodes: frozenset[str] = field(default_factory=frozenset)
+    blamed: frozenset[str] = field(default_factory=frozenset)  # nodes the failure is attributed to
+
+    @property
+    def kind(self) -> str:
+        return failure_class(self.reason)
 
 
 def backoff_seconds(policy: FailurePolicy, restart: int) -> float:
@@ -82,31 +119,45 @@ def backoff_seconds(policy: FailurePolicy, restart: int) -> float:
 
 
 def _pod_failure(pod: PodView, non_retryable: Iterable[int]) -> Failure | None:
+    where = pod.where or None
+    if pod.preempted and (pod.phase == "Failed" or pod.terminating):
+        return Failure(
+            Reason.POD_PREEMPTED, f"pod {pod.name} was preempted: {pod.message or 'by the scheduler'}",
+            pod=pod.name, node=where,
+        )
     if pod.phase == "Failed":
         if pod.exit_code is not None and pod.exit_code in set(non_retryable):
             return Failure(
                 Reason.NON_RETRYABLE,
                 f"pod {pod.name} exited with code {pod.exit_code}, which is non-retryable "
-                "(spec.failurePolicy.nonRetryableExitCodes): fix the job's configuration",
-                retryable=False, pod=pod.name, node=pod.where or None, exit_code=pod.exit_code,
+                f"(spec.failurePolicy.nonRetryableExitCodes): fix the job's configuration{_tail(pod)}",
+                retryable=False, pod=pod.name, node=where, exit_code=pod.exit_code,
             )
         if pod.reason == "Evicted":
             return Failure(
                 Reason.POD_EVICTED, f"pod {pod.name} was evicted: {pod.message or 'no message'}",
-                pod=pod.name, node=pod.where or None,
+                pod=pod.name, node=where, blamed=frozenset({where} if where else ()),
             )
         code = "" if pod.exit_code is None else f" with exit code {pod.exit_code}"
         why = f" ({pod.reason})" if pod.reason else ""
         return Failure(
-            Reason.POD_FAILED, f"pod {pod.name} failed{code}{why}",
-            pod=pod.name, node=pod.where or None, exit_code=pod.exit_code,
+            Reason.POD_FAILED, f"pod {pod.name} failed{code}{why}{_tail(pod)}",
+            pod=pod.name, node=where, exit_code=pod.exit_code,
+            blamed=frozenset({where} if where else ()),
         )
     if pod.terminating and pod.phase != "Succeeded":
         return Failure(
-            Reason.POD_DELETED, f"pod {pod.name} is being deleted", pod=pod.name,
-            node=pod.where or None,
+            Reason.POD_DELETED, f"pod {pod.name} is being deleted", pod=pod.name, node=where,
         )
     return None
+
+
+def _tail(pod: PodView, limit: int = 400) -> str:
+    """The last lines of the container's termination message (its log tail), if any."""
+    text = pod.message.strip()
+    if not text:
+        return ""
+    return ": " + (text if len(text) <= limit else "..." + text[-limit:])
 
 
 def _node_failure(pod: PodView, nodes: Mapping[str, NodeView]) -> Failure | None:
@@ -117,19 +168,19 @@ def _node_failure(pod: PodView, nodes: Mapping[str, NodeView]) -> Failure | None
     if node is None:
         return Failure(
             Reason.NODE_LOST, f"node {where} of pod {pod.name} was deleted",
-            pod=pod.name, node=where, lost_nodes=frozenset({where}),
+            pod=pod.name, node=where, lost_nodes=frozenset({where}), blamed=frozenset({where}),
         )
     if not node.ready:
         return Failure(
             Reason.NODE_NOT_READY, f"node {where} of pod {pod.name} is NotReady",
-            pod=pod.name, node=where, lost_nodes=frozenset({where}),
+            pod=pod.name, node=where, lost_nodes=frozenset({where}), blamed=frozenset({where}),
         )
     return None
 
 
 _ORDER = [
-    Reason.NON_RETRYABLE, Reason.POD_FAILED, Reason.POD_EVICTED, Reason.POD_DELETED,
-    Reason.NODE_LOST, Reason.NODE_NOT_READY,
+    Reason.NON_RETRYABLE, Reason.POD_FAILED, Reason.POD_EVICTED, Reason.POD_PREEMPTED,
+    Reason.POD_DELETED, Reason.NODE_LOST, Reason.NODE_NOT_READY, Reason.PODS_NOT_STARTING,
 ]
 
 
@@ -162,12 +213,50 @@ def detect_failure(
     found.sort(key=lambda f: _ORDER.index(f.reason))
     first = found[0]
     lost = frozenset().union(*(f.lost_nodes for f in found))
-    if len(found) > 1:
-        first = Failure(
-            first.reason, f"{first.message} (+{len(found) - 1} more)", first.retryable,
-            first.pod, first.node, first.exit_code, lost,
-        )
-    return first
+    # A crash on one node is that node's fault only if it is the only node whose pods crashed:
+    # a bug in the trainer fails ranks everywhere, and no node should be blamed for it.
+    crashed = {f.node for f in found if f.reason == Reason.POD_FAILED}
+    blamed = frozenset().union(*(f.blamed for f in found if f.reason != Reason.POD_FAILED))
+    if len(crashed) == 1:
+        blamed |= frozenset(n for n in crashed if n)
+    message = first.message if len(found) == 1 else f"{first.message} (+{len(found) - 1} more)"
+    return replace(first, message=message, lost_nodes=lost, blamed=blamed)
+
+
+def stuck_failure(
+    pods: Iterable[PodView], attempt_started: datetime | None, policy: FailurePolicy,
+    now: datetime,
+) -> Failure | None:
+    """Pods of the attempt that are still not Running schedulingTimeoutSeconds after it started.
+
+    The pods' nodes are blamed when the pods say why they cannot start there (image pull,
+    container config, Unschedulable), so the restart places the gang elsewhere.
+    """
+    limit = policy.scheduling_timeout_seconds
+    if limit <= 0 or attempt_started is None or (now - attempt_started).total_seconds() <= limit:
+        return None
+    stuck = [p for p in pods if p.phase not in ("Running", "Succeeded") and not p.terminating]
+    if not stuck:
+        return None
+    blamed = frozenset(p.where for p in stuck if p.where and p.waiting in STUCK_REASONS)
+    first = stuck[0]
+    return Failure(
+        Reason.PODS_NOT_STARTING,
+        f"{len(stuck)} pod(s) not Running {limit}s after the attempt started "
+        f"(spec.failurePolicy.schedulingTimeoutSeconds); {pending_detail(first)}",
+        pod=first.name, node=first.where or None, blamed=blamed,
+    )
+
+
+def pending_detail(pod: PodView) -> str:
+    """Why one pod is not Running, in words."""
+    where = f" on {pod.where}" if pod.where else ""
+    if pod.gated:
+        return f"{pod.name}{where} is gated: the gang waits for all its pods and for the nodes to be free"
+    if pod.waiting:
+        text = f": {pod.waiting_message}" if pod.waiting_message else ""
+        return f"{pod.name}{where}: {pod.waiting}{text}"[:500]
+    return f"{pod.name}{where} is {pod.phase}"
 
 
 def stalled_failure(
@@ -176,11 +265,13 @@ def stalled_failure(
 ) -> Failure | None:
     """A hang: no progress for progressTimeoutSeconds while every pod is Running.
 
-    `heartbeat` is the current attempt's last progress.json time, None before its
-    trainer first wrote one. The clock starts at the later of the heartbeat and
-    the moment the gang became Running; until the first heartbeat the limit is
-    startupTimeoutSeconds, since imports, rendezvous and a checkpoint load can
-    take far longer than a training step.
+    `heartbeat` is when the operator last saw the current attempt's step change
+    (its own clock, never the trainer's), None before its trainer first
+    reported a step. `running_since` is the later of the moment the gang became
+    Running and the moment the checkpoint store last became reachable again,
+    since heartbeats cannot be seen while it is not. Until the first heartbeat
+    the limit is startupTimeoutSeconds: imports, rendezvous and a checkpoint
+    load can take far longer than a training step.
     """
     timeout = policy.progress_timeout_seconds
     if timeout <= 0 or running_since is None:
@@ -200,8 +291,8 @@ def stalled_failure(
         )
     return Failure(
         Reason.PROGRESS_STALLED,
-        f"progress.json not updated for more than {limit}s (last heartbeat {int(idle)}s ago): "
-        "the trainer hangs",
+        f"the training step has not changed for more than {limit}s (last change seen {int(idle)}s "
+        "ago): the trainer hangs",
     )
 
 
@@ -216,20 +307,53 @@ class RestartDecision:
     restarts: int = 0  # the job's restart count after this decision
 
 
-def decide(failure: Failure, restarts: int, policy: FailurePolicy) -> RestartDecision:
-    """Restart or fail, given `restarts` made so far."""
+def used_budgets(restarts: int, by_class: RestartBudgets | None) -> RestartBudgets:
+    """Restarts per class; a status from before classes were kept counts all as application."""
+    return by_class.model_copy() if by_class is not None else RestartBudgets(application=restarts)
+
+
+def decide(failure: Failure, used: RestartBudgets, policy: FailurePolicy) -> RestartDecision:
+    """Restart or fail, given the restarts of each class made so far."""
+    total = used.application + used.infrastructure
     if not failure.retryable:
-        return RestartDecision("fail", Reason.NON_RETRYABLE, failure.message, restarts=restarts)
-    if restarts >= policy.max_restarts:
+        return RestartDecision("fail", Reason.NON_RETRYABLE, failure.message, restarts=total)
+    infra = failure.kind == INFRASTRUCTURE
+    spent = used.infrastructure if infra else used.application
+    budget = policy.max_infrastructure_restarts if infra else policy.max_restarts
+    if spent >= budget:
+        field_name = "maxInfrastructureRestarts" if infra else "maxRestarts"
         return RestartDecision(
-            "fail", Reason.MAX_RESTARTS,
-            f"{failure.message}; maxRestarts ({policy.max_restarts}) exhausted",
-            restarts=restarts,
+            "fail", Reason.MAX_INFRA_RESTARTS if infra else Reason.MAX_RESTARTS,
+            f"{failure.message}; spec.failurePolicy.{field_name} ({budget}) exhausted by "
+            f"{spent} {failure.kind} failure(s)",
+            restarts=total,
         )
-    nth = restarts + 1
+    nth = spent + 1
     delay = backoff_seconds(policy, nth)
     return RestartDecision(
         "restart", failure.reason,
-        f"{failure.message}; restart {nth}/{policy.max_restarts} after {delay:g}s",
-        delay_seconds=delay, restarts=nth,
+        f"{failure.message}; {failure.kind} restart {nth}/{budget} after {delay:g}s",
+        delay_seconds=delay, restarts=total + 1,
     )
+
+
+def record_node_failures(
+    table: list[NodeFailures], failure: Failure, policy: FailurePolicy, when: str,
+) -> list[NodeFailures]:
+    """The job's node failure table after `failure`; nodes at the threshold become avoided."""
+    rows = {row.node: row.model_copy() for row in table}
+    for node in sorted(failure.blamed):
+        row = rows.setdefault(node, NodeFailures(node=node))
+        row.failures += 1
+        row.last_reason, row.last_time = failure.reason, when
+        threshold = policy.node_failure_threshold
+        row.avoided = threshold > 0 and row.failures >= threshold
+    worst = sorted(rows.values(), key=lambda r: (-r.failures, r.node))
+    return sorted(worst[:MAX_NODE_ROWS], key=lambda r: r.node)
+
+
+MAX_NODE_ROWS = 64  # status stays small: the nodes with the most failures
+
+
+def avoided_nodes(table: Iterable[NodeFailures]) -> frozenset[str]:
+    return frozenset(row.node for row in table if row.avoided)

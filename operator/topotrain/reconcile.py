@@ -26,8 +26,10 @@ from topotrain.reconcile_status import CheckpointView, StatusBuilder, iso
 from topotrain.status import ConditionType as C
 from topotrain.status import Reason, TrainingJobStatus
 
-CHECKPOINT_UNAVAILABLE = "CheckpointStoreUnavailable"
+CHECKPOINT_UNAVAILABLE = Reason.STORE_UNAVAILABLE
 WAIT_SHORT = 2.0  # seconds: something in flight that no watch event announces
+CREATE_RETRY = 10.0  # seconds between tries to create a gang the API server refused
+REFUSALS = (Reason.QUOTA_EXCEEDED, Reason.POD_SPEC_INVALID, Reason.POD_CREATE_REFUSED)
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ class Observed:
     rank_table: RankTable | None = None
     config_problem: tuple[str, str] | None = None  # (reason, message)
     strategy: str = "incremental"  # or "recreate" (the full-gang baseline)
+    last_refusal: datetime | None = None  # when the API server last refused this job's pods
+    template: str = ""  # hash of the pod template the spec asks for (manifests.template_hash)
 
 
 @dataclass(frozen=True)
@@ -98,12 +102,16 @@ def reconcile(obs: Observed) -> Decision:
     sb.observe_checkpoint(obs.checkpoint)
     decision = Decision(status=sb.status)
     if sb.status.phase in ("Succeeded", "Failed"):
-        decision.delete = [p.name for p in obs.pods if not p.terminating]
+        # A Failed job keeps its crashed pods (they hold no GPUs) so their logs can be read.
+        keep = ("Failed",) if sb.status.phase == "Failed" else ()
+        decision.delete = [p.name for p in obs.pods if not p.terminating and p.phase not in keep]
+        sb.status.observed_generation = obs.generation
         return _finish(decision, sb)
     attempt = max([sb.status.attempt, *(p.attempt for p in obs.pods)])
     sb.status.attempt = attempt
     current = [p for p in obs.pods if p.attempt == attempt]
-    decision.delete = [p.name for p in obs.pods if p.attempt < attempt and not p.terminating]
+    decision.delete = [p.name for p in obs.pods if p.attempt < attempt and not p.terminating
+                       and p.phase != "Failed"]
     if obs.config_problem is not None:
         sb.config_invalid(*obs.config_problem)
         decision.events.extend(sb.events)
@@ -116,18 +124,30 @@ def reconcile(obs: Observed) -> Decision:
         _launch(obs, sb, decision, attempt)
     else:
         _steady(obs, sb, decision, attempt, current)
+    if sb.status.phase in ("Running", "Succeeded", "Failed"):
+        # The crashed pods of earlier attempts were kept for their logs until now.
+        decision.delete += [p.name for p in obs.pods if p.attempt < attempt and p.phase == "Failed"
+                            and not p.terminating]
+    # observedGeneration moves only once the pods that stay run this generation's template.
+    staying = [p for p in obs.pods if not p.terminating and p.name not in set(decision.delete)
+               and p.phase not in ("Failed", "Succeeded")]
+    if not any(p.template and obs.template and p.template != obs.template for p in staying):
+        sb.status.observed_generation = obs.generation
     return _finish(decision, sb)
 
 
 def _finish(decision: Decision, sb: StatusBuilder) -> Decision:
+    sb.summarize()
     decision.status = sb.status
     decision.events = list(dict.fromkeys([*decision.events, *sb.events]))
     return decision
 
 
-def _lost_nodes(obs: Observed, nodes: Mapping[int, str]) -> frozenset[str]:
+def _lost_nodes(obs: Observed, sb: StatusBuilder, nodes: Mapping[int, str]) -> frozenset[str]:
+    """Nodes of the previous placement that a recovery must move off: gone, NotReady or avoided."""
+    avoided = policy.avoided_nodes(sb.status.node_failures)
     return frozenset(
-        n for n in nodes.values() if n not in obs.nodes or not obs.nodes[n].ready
+        n for n in nodes.values() if n not in obs.nodes or not obs.nodes[n].ready or n in avoided
     )
 
 
@@ -160,13 +180,15 @@ def _launch(
                f"restart {sb.status.restarts} waits until {iso(since + timedelta(seconds=delay))}")
         decision.requeue_after = waiting
         return
+    if _refused_too_long(obs, sb, decision):
+        return
     ckpt = obs.checkpoint
     if ckpt is not None and not ckpt.reachable:
         sb.set(C.RECOVERING if sb.status.attempt else C.SCHEDULABLE, False, CHECKPOINT_UNAVAILABLE,
                f"cannot read the checkpoint store, so the resume step is unknown: {ckpt.error}")
         decision.requeue_after = WAIT_SHORT
         return
-    if obs.strategy == "recreate" and any(p.attempt < attempt for p in obs.pods):
+    if obs.strategy == "recreate" and any(p.attempt < attempt and p.phase != "Failed" for p in obs.pods):
         decision.requeue_after = WAIT_SHORT  # the baseline waits until the old gang is gone
         return
     if outcome is None:
@@ -188,6 +210,29 @@ def _launch(
     decision.placement_cost = outcome.cost
 
 
+def _refused_too_long(obs: Observed, sb: StatusBuilder, decision: Decision) -> bool:
+    """The API server refused the gang's pods: retry every CREATE_RETRY s, fail after the timeout.
+
+    True when this pass must not create pods (waiting to retry, or the job just Failed).
+    """
+    cond = sb.status.condition(C.PODS_CREATED)
+    if cond is None or cond.status != "False" or cond.reason not in REFUSALS:
+        return False
+    limit = obs.spec.failure_policy.scheduling_timeout_seconds
+    since = sb.parse(cond.last_transition_time) if cond.last_transition_time else obs.now
+    refused_for = (obs.now - since).total_seconds()
+    if limit > 0 and refused_for > limit:
+        sb.failed(cond.reason, f"the API server refused the gang's pods for {int(refused_for)}s "
+                  f"(spec.failurePolicy.schedulingTimeoutSeconds {limit}): {cond.message}")
+        return True
+    if obs.last_refusal is not None:
+        wait = CREATE_RETRY - (obs.now - obs.last_refusal).total_seconds()
+        if wait > 0:
+            decision.requeue_after = wait
+            return True
+    return False
+
+
 def _plan(obs: Observed, sb: StatusBuilder, previous: Mapping[int, str] | None) -> PlanOutcome:
     low, high = elastic.bounds(obs.spec.parallelism)
     table = obs.rank_table
@@ -197,7 +242,7 @@ def _plan(obs: Observed, sb: StatusBuilder, previous: Mapping[int, str] | None) 
     if obs.strategy == "incremental" and previous and recovering:
         current = sb.status.parallelism.data if sb.status.parallelism else high
         if low <= current <= high:
-            return obs.planner.replan(previous, _lost_nodes(obs, previous), low, current)
+            return obs.planner.replan(previous, _lost_nodes(obs, sb, previous), low, current)
     return obs.planner.plan(low, high)
 
 
@@ -210,8 +255,9 @@ def _steady(
     expected = elastic.pods_for(obs.spec.parallelism, data, obs.spec.worker.gpus_per_pod)
     live = [p for p in current if not p.terminating]
     if all(p.gated for p in live) and not any(p.terminating for p in current):
-        _finish_creating(obs, decision, attempt, live, expected)
+        _finish_creating(obs, sb, decision, attempt, live, expected)
         return
+    sb.set(C.PODS_CREATED, True, Reason.PODS_CREATED_OK, f"attempt {attempt}: {expected} pods created")
     decision.release = [p.name for p in live if p.gated]  # a release cut short by a crash
     if len(current) == expected and all(p.phase == "Succeeded" for p in current):
         sb.succeeded()
@@ -221,26 +267,65 @@ def _steady(
         current, expected, obs.nodes, obs.spec.failure_policy, started=True
     )
     running = len(live) == expected and all(p.phase in ("Running", "Succeeded") for p in live)
-    if failure is None and running and obs.checkpoint is not None:
-        # progress.json lives in the checkpoint prefix: no checkpoint store, no hang detection
-        heartbeat = obs.checkpoint.progress_time
-        if obs.checkpoint.progress_attempt != attempt:
-            heartbeat = None  # an earlier attempt's: this trainer is still starting
-        failure = policy.stalled_failure(
-            heartbeat, sb.running_since(), obs.spec.failure_policy, obs.now,
-        )
+    if failure is None and running:
+        failure = _hang(obs, sb, attempt)
+    if failure is None and not running:
+        failure = policy.stuck_failure(live, sb.attempt_started(), obs.spec.failure_policy, obs.now)
     if failure is not None:
         _on_failure(obs, sb, decision, attempt, current, failure)
         return
     if not running:
-        sb.pods_pending(sum(p.phase == "Running" for p in live), expected)
+        pending = [p for p in live if p.phase not in ("Running", "Succeeded")]
+        sb.pods_pending(sum(p.phase == "Running" for p in live), expected,
+                        policy.pending_detail(pending[0]) if pending else "")
         return
     decision.recovered_seconds = sb.running()
+    if _roll_for_spec_change(obs, sb, decision, attempt, current):
+        return
     _maybe_resize(obs, sb, decision, attempt, current, data)
 
 
+def _hang(obs: Observed, sb: StatusBuilder, attempt: int) -> policy.Failure | None:
+    """A hang, judged by the operator's own clock; never while the checkpoint store is unreadable.
+
+    progress.json lives in the checkpoint prefix: no checkpoint store, no hang detection.
+    """
+    ckpt = obs.checkpoint
+    if ckpt is None or not ckpt.reachable:
+        return None
+    progress = sb.status.progress
+    heartbeat = None
+    if progress is not None and progress.attempt == attempt and progress.observed_time:
+        heartbeat = sb.parse(progress.observed_time)  # an earlier attempt's: still starting
+    since = [t for t in (sb.running_since(), sb.store_reachable_since()) if t is not None]
+    return policy.stalled_failure(
+        heartbeat, max(since) if since else None, obs.spec.failure_policy, obs.now,
+    )
+
+
+def _roll_for_spec_change(
+    obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
+    current: list[policy.PodView],
+) -> bool:
+    """The spec's pod template changed: restart the gang on it from the latest checkpoint.
+
+    Pods without the template annotation (made by an older operator) are taken as current.
+    """
+    stale = [p for p in current if p.template and obs.template and p.template != obs.template]
+    if not stale:
+        sb.status.template_generation = obs.generation
+        return False
+    if obs.config_problem is not None:
+        return False  # a spec that cannot run yet: keep the running gang
+    decision.delete += [p.name for p in current if not p.terminating]
+    sb.rolling(obs.generation, attempt + 1, obs.checkpoint.step if obs.checkpoint else None)
+    _launch(obs, sb, decision, attempt + 1)
+    return True
+
+
 def _finish_creating(
-    obs: Observed, decision: Decision, attempt: int, live: list[policy.PodView], expected: int
+    obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
+    live: list[policy.PodView], expected: int,
 ) -> None:
     """Every pod is still gated: create the missing ones, or release them all together."""
     missing = tuple(i for i in range(expected) if i not in {p.index for p in live})
@@ -251,11 +336,15 @@ def _finish_creating(
         decision.release = [p.name for p in live]
         return
     table = obs.rank_table
-    if table is not None and table.attempt == attempt and all(i in table.assignments for i in missing):
+    resumes = {p.resume_step for p in live}
+    if (table is not None and table.attempt == attempt and all(i in table.assignments for i in missing)
+            and len(resumes) == 1):
+        # The gang's other pods say which step it resumes from: every pod must agree.
+        resume = next(iter(resumes))
         decision.launch = Launch(
             attempt=attempt, data=table.data, pool=obs.status.pool,
-            assignments=dict(table.assignments), resume_step=_resume_of(obs), mode="resume",
-            only=missing,
+            assignments=dict(table.assignments), resume_step=int(resume) if resume else None,
+            mode="resume", only=missing,
         )
         return
     decision.delete += [p.name for p in live]  # no record of the plan: start this attempt over
@@ -265,28 +354,26 @@ def _finish_creating(
 def _blocking(obs: Observed, attempt: int, nodes: set[str]) -> bool:
     """Older pods still on healthy nodes the new gang needs (pods on lost nodes never block)."""
     return any(
-        p.attempt < attempt and p.where in nodes and p.where in obs.nodes and obs.nodes[p.where].ready
+        p.attempt < attempt and p.phase not in ("Failed", "Succeeded") and p.where in nodes
+        and p.where in obs.nodes and obs.nodes[p.where].ready
         for p in obs.pods
     )
-
-
-def _resume_of(obs: Observed) -> int | None:
-    rec = obs.status.recovery
-    return rec.resume_step if rec is not None else None
 
 
 def _on_failure(
     obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
     current: list[policy.PodView], failure: policy.Failure,
 ) -> None:
-    verdict = policy.decide(failure, sb.status.restarts, obs.spec.failure_policy)
-    sb.record_failure(failure)
-    decision.delete += [p.name for p in current if not p.terminating]
+    used = policy.used_budgets(sb.status.restarts, sb.status.restarts_by_class)
+    verdict = policy.decide(failure, used, obs.spec.failure_policy)
+    sb.record_failure(failure, obs.spec.failure_policy)
+    # The crashed pods stay (they hold no GPUs) until the next attempt runs: their logs survive.
+    decision.delete += [p.name for p in current if not p.terminating and p.phase != "Failed"]
     if verdict.action == "fail":
         sb.failed(verdict.reason, verdict.message)
         return
     decision.restart_reason = failure.reason
-    sb.restarting(verdict, attempt + 1)
+    sb.restarting(verdict, attempt + 1, failure.kind)
     previous = {p.index: p.where for p in current if p.where}
     if verdict.delay_seconds > 0 or obs.strategy != "incremental":
         decision.requeue_after = verdict.delay_seconds or WAIT_SHORT

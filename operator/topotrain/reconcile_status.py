@@ -12,9 +12,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from topotrain import elastic
-from topotrain.api import Parallelism
+from topotrain.api import FailurePolicy, Parallelism
 from topotrain.planning import PlanOutcome
-from topotrain.policy import Failure, RestartDecision
+from topotrain.policy import (
+    APPLICATION,
+    Failure,
+    RestartDecision,
+    avoided_nodes,
+    record_node_failures,
+    used_budgets,
+)
 from topotrain.status import (
     CheckpointStatus,
     CurrentParallelism,
@@ -59,7 +66,6 @@ class StatusBuilder:
 
     def __init__(self, status: TrainingJobStatus, generation: int, now: datetime) -> None:
         self.status = status.model_copy(deep=True)
-        self.status.observed_generation = generation
         self.generation = generation
         self.now = now
         self.events: list[tuple[str, str, str]] = []
@@ -82,20 +88,47 @@ class StatusBuilder:
     # --- observations --------------------------------------------------------
 
     def observe_checkpoint(self, view: CheckpointView | None) -> None:
-        if view is None or not view.reachable:
+        if view is None:
             return
+        if not view.reachable:
+            message = f"cannot read the checkpoint store: {view.error}; hang detection is paused"
+            if self.set(C.STORE_REACHABLE, False, Reason.STORE_UNAVAILABLE, message):
+                self._event(WARNING, Reason.STORE_UNAVAILABLE, message)
+            return
+        was = self.status.condition(C.STORE_REACHABLE)
+        self.set(C.STORE_REACHABLE, True, Reason.STORE_OK, "the checkpoint store answers")
+        if was is not None and was.status == "False":
+            self._event(NORMAL, Reason.STORE_OK, "the checkpoint store answers again; hang detection resumes")
         if view.step is not None and view.uri is not None:
             when = iso(view.time) if view.time else None
             self.status.checkpoint = CheckpointStatus(step=view.step, uri=view.uri, time=when)
         if view.progress_step is not None:
             when = iso(view.progress_time) if view.progress_time else None
-            self.status.progress = ProgressStatus(step=view.progress_step, time=when)
+            old = self.status.progress
+            changed = (old is None or old.step != view.progress_step
+                       or old.attempt != view.progress_attempt or not old.observed_time)
+            # The hang clock runs on the operator's clock, from the pass that first saw this step.
+            seen = iso(self.now) if changed or old is None else old.observed_time
+            self.status.progress = ProgressStatus(
+                step=view.progress_step, time=when, attempt=view.progress_attempt, observed_time=seen,
+            )
 
     def running_since(self) -> datetime | None:
         ready = self.status.condition(C.READY)
         if ready is None or ready.status != "True" or not ready.last_transition_time:
             return None
         return parse(ready.last_transition_time)
+
+    def store_reachable_since(self) -> datetime | None:
+        """When the checkpoint store last began answering (heartbeats are visible from then)."""
+        cond = self.status.condition(C.STORE_REACHABLE)
+        if cond is None or cond.status != "True" or not cond.last_transition_time:
+            return None
+        return parse(cond.last_transition_time)
+
+    def attempt_started(self) -> datetime | None:
+        started = self.status.attempt_start_time
+        return parse(started) if started else None
 
     # --- configuration and placement ----------------------------------------
 
@@ -133,6 +166,7 @@ class StatusBuilder:
             mode=outcome.mode, message=summary,
         )
         self.set(C.SCHEDULABLE, True, Reason.PLACED, summary)
+        st.attempt_start_time = iso(self.now)
         if first:
             st.start_time = iso(self.now)
             st.phase = "Starting"
@@ -153,8 +187,15 @@ class StatusBuilder:
 
     # --- the gang's life -----------------------------------------------------
 
-    def pods_pending(self, running: int, expected: int) -> None:
-        self.set(C.READY, False, Reason.PODS_PENDING, f"{running}/{expected} pods Running")
+    def pods_pending(self, running: int, expected: int, detail: str = "") -> None:
+        why = f"; {detail}" if detail else ""
+        self.set(C.READY, False, Reason.PODS_PENDING, f"{running}/{expected} pods Running{why}")
+
+    def pods_refused(self, reason: str, message: str) -> None:
+        """The API server refused pods of the gang (the edge reports it after acting)."""
+        self._waiting_phase()
+        if self.set(C.PODS_CREATED, False, reason, message):
+            self._event(WARNING, reason, message)
 
     def running(self) -> float | None:
         """Every pod Running; returns the recovery time when a recovery just finished."""
@@ -175,18 +216,31 @@ class StatusBuilder:
         self._event(NORMAL, "Recovered", f"attempt {st.attempt} Running {seconds:.2f}s after the failure")
         return seconds
 
-    def record_failure(self, failure: Failure) -> None:
+    def record_failure(self, failure: Failure, policy: FailurePolicy) -> None:
+        when = iso(self.now)
         self.status.last_failure = FailureRecord(
-            reason=failure.reason, message=failure.message, time=iso(self.now),
+            reason=failure.reason, message=failure.message, time=when,
             pod=failure.pod, node=failure.node, exit_code=failure.exit_code,
         )
         self.set(C.READY, False, failure.reason, failure.message)
         if failure.reason == Reason.PROGRESS_STALLED:
             self.set(C.PROGRESSING, False, failure.reason, failure.message)
         self._event(WARNING, failure.reason, failure.message)
+        before = avoided_nodes(self.status.node_failures)
+        self.status.node_failures = record_node_failures(self.status.node_failures, failure, policy, when)
+        for node in sorted(avoided_nodes(self.status.node_failures) - before):
+            self._event(WARNING, Reason.NODE_AVOIDED,
+                        f"node {node} failed this job {policy.node_failure_threshold} times "
+                        "(spec.failurePolicy.nodeFailureThreshold): re-plans avoid it")
 
-    def restarting(self, verdict: RestartDecision, next_attempt: int) -> None:
+    def restarting(self, verdict: RestartDecision, next_attempt: int, kind: str = APPLICATION) -> None:
         st = self.status
+        used = used_budgets(st.restarts, st.restarts_by_class)
+        if kind == APPLICATION:
+            used.application += 1
+        else:
+            used.infrastructure += 1
+        st.restarts_by_class = used
         st.restarts = verdict.restarts
         st.attempt = next_attempt
         st.phase = "Recovering"
@@ -196,6 +250,20 @@ class StatusBuilder:
         )
         self.set(C.RECOVERING, True, Reason.BACKOFF if verdict.delay_seconds else Reason.RESTARTED,
                  verdict.message)
+
+    def rolling(self, generation: int, next_attempt: int, resume: int | None) -> None:
+        """The spec's pod template changed: a restart that uses no failure budget."""
+        st = self.status
+        st.attempt = next_attempt
+        st.phase = "Recovering"
+        st.recovery = RecoveryStatus(
+            last_seconds=st.recovery.last_seconds if st.recovery else None,
+            started=iso(self.now), mode="rollout",
+        )
+        step = "from scratch" if resume is None else f"from step {resume}"
+        message = f"the pod template changed (generation {generation}): restarting the gang {step}"
+        self.set(C.RECOVERING, True, Reason.SPEC_CHANGED, message)
+        self._event(NORMAL, Reason.SPEC_CHANGED, message)
 
     def resizing(self, request: elastic.ResizeRequest, new_data: int, next_attempt: int) -> None:
         st = self.status
@@ -218,6 +286,24 @@ class StatusBuilder:
         self.set(C.RECOVERING, False, reason, message)
         self.set(C.FAILED, True, reason, message)
         self._event(WARNING, reason, f"job Failed: {message}")
+
+    def summarize(self) -> None:
+        """status.reason/message: why the job is in its phase, from the condition that explains it."""
+        st = self.status
+        order = {
+            "Failed": (C.FAILED,), "Succeeded": (C.SUCCEEDED,),
+            "Running": (C.STORE_REACHABLE, C.PROGRESSING, C.RECOVERING, C.READY),
+        }.get(st.phase, (C.CONFIG_VALID, C.PODS_CREATED, C.SCHEDULABLE, C.STORE_REACHABLE,
+                         C.RECOVERING, C.READY))
+        wanted = {C.FAILED: "True", C.SUCCEEDED: "True", C.RECOVERING: "True"}
+        for type_ in order:
+            cond = st.condition(type_)
+            if cond is not None and cond.status == wanted.get(type_, "False"):
+                st.reason, st.message = cond.reason, cond.message
+                return
+        ready = st.condition(C.READY)
+        st.reason = ready.reason if ready else None
+        st.message = ready.message if ready else None
 
     def succeeded(self) -> None:
         st = self.status

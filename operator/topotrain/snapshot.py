@@ -20,28 +20,66 @@ from topotrain.manifests import (
     INDEX_LABEL,
     JOB_LABEL,
     NODE_ANNOTATION,
+    RESUME_ANNOTATION,
+    TEMPLATE_ANNOTATION,
 )
+from topotrain.ownership import controller_owner, foreign_message, owned_by
 from topotrain.policy import NodeView, PodView
+from topotrain.status import Reason
 from topotrain.topology import TERMINAL_PHASES, Inventory, TopologyLevels, pod_gpus
 
 JobKey = tuple[str, str]  # (namespace, name)
 LEDGER_TTL = 120.0  # seconds: a created pod the watch never showed is forgotten
 
 
+MESSAGE_LIMIT = 1024  # bytes of a termination message kept in memory per container
+
+
+def _container_states(status: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(terminated, waiting) container states, slimmed."""
+    terminated, waiting = [], []
+    for cs in status.get("containerStatuses") or []:
+        state = cs.get("state") or {}
+        term, wait = state.get("terminated"), state.get("waiting")
+        if term:
+            terminated.append({
+                "exitCode": term.get("exitCode"), "reason": term.get("reason", ""),
+                "message": str(term.get("message") or "")[-MESSAGE_LIMIT:],
+            })
+        if wait and wait.get("reason"):
+            waiting.append({"reason": wait["reason"], "message": str(wait.get("message") or "")[:500]})
+    return terminated, waiting
+
+
+def _pod_conditions(status: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The conditions that say why a pod cannot run: Unschedulable, DisruptionTarget."""
+    out = []
+    for cond in status.get("conditions") or []:
+        unschedulable = cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable"
+        if unschedulable or (cond.get("type") == "DisruptionTarget" and cond.get("status") == "True"):
+            out.append({k: cond.get(k) for k in ("type", "reason", "message")})
+    return out
+
+
 def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of a pod the operator reads (kept in memory for every GPU pod)."""
     meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
-    terminated = []
-    for cs in status.get("containerStatuses") or []:
-        term = (cs.get("state") or {}).get("terminated")
-        if term:
-            terminated.append({"exitCode": term.get("exitCode"), "reason": term.get("reason", "")})
+    terminated, waiting = _container_states(status)
+    annotations = meta.get("annotations") or {}
     return {
         "metadata": {
             "name": meta.get("name"), "namespace": meta.get("namespace"),
             "labels": dict(meta.get("labels") or {}),
-            "annotations": {NODE_ANNOTATION: (meta.get("annotations") or {}).get(NODE_ANNOTATION, "")},
+            "annotations": {
+                key: annotations[key] for key in (NODE_ANNOTATION, RESUME_ANNOTATION, TEMPLATE_ANNOTATION)
+                if key in annotations
+            },
             "deletionTimestamp": meta.get("deletionTimestamp"),
+            "ownerReferences": [
+                {"uid": o.get("uid"), "kind": o.get("kind"), "name": o.get("name"),
+                 "controller": o.get("controller")}
+                for o in meta.get("ownerReferences") or []
+            ],
         },
         "spec": {
             "nodeName": spec.get("nodeName"),
@@ -50,7 +88,8 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
         },
         "status": {
             "phase": status.get("phase", "Pending"), "reason": status.get("reason", ""),
-            "message": status.get("message", ""), "terminated": terminated,
+            "message": status.get("message", ""), "terminated": terminated, "waiting": waiting,
+            "conditions": _pod_conditions(status),
         },
     }
 
@@ -72,6 +111,15 @@ def job_of(pod: Mapping[str, Any]) -> JobKey | None:
     return None if not job else (str(meta.get("namespace")), str(job))
 
 
+def belongs(pod: Mapping[str, Any], job: JobKey, uid: str | None) -> bool:
+    """True for `job`'s own pods: its label and, when `uid` is known, its UID as controller.
+
+    A pod with the label but another controller (a deleted namesake's pod that is still
+    terminating, a user's pod) is never the job's: not watched, counted or deleted as its own.
+    """
+    return job_of(pod) == job and (uid is None or owned_by(pod.get("metadata", {}), uid))
+
+
 def requests_gpus(body: Mapping[str, Any], resource: str = "nvidia.com/gpu") -> bool:
     try:
         return pod_gpus(body.get("spec", {}), resource) > 0
@@ -89,16 +137,32 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         return None
     codes = [t for t in status.get("terminated", []) if t.get("exitCode")]
     first = codes[0] if codes else None
+    annotations = meta.get("annotations") or {}
+    waiting = list(status.get("waiting") or [])
+    conditions = list(status.get("conditions") or [])
+    unschedulable = [c for c in conditions if c.get("type") == "PodScheduled"]
+    if unschedulable and not waiting:
+        waiting = [{"reason": "Unschedulable", "message": unschedulable[0].get("message") or ""}]
+    disruption = [c for c in conditions if c.get("type") == "DisruptionTarget"]
+    preempted = any("Preempt" in str(c.get("reason") or "") for c in disruption)
+    message = str(status.get("message") or "") or str((first or {}).get("message") or "")
+    if preempted and not message:
+        message = str(disruption[0].get("message") or "")
     return PodView(
         name=str(meta["name"]), index=index, attempt=attempt, phase=str(status.get("phase") or "Pending"),
-        planned_node=str((meta.get("annotations") or {}).get(NODE_ANNOTATION, "")),
+        planned_node=str(annotations.get(NODE_ANNOTATION, "")),
         node=str(spec.get("nodeName") or ""),
         gated=any(g.get("name") == GANG_GATE for g in spec.get("schedulingGates") or []),
         terminating=bool(meta.get("deletionTimestamp")),
         exit_code=int(first["exitCode"]) if first else None,
         reason=str(status.get("reason") or (first or {}).get("reason") or ""),
-        message=str(status.get("message") or ""),
+        message=message,
         gpus=pod_gpus(spec),
+        waiting=str(waiting[0]["reason"]) if waiting else "",
+        waiting_message=str(waiting[0].get("message") or "") if waiting else "",
+        preempted=preempted,
+        resume_step=annotations.get(RESUME_ANNOTATION),
+        template=str(annotations.get(TEMPLATE_ANNOTATION, "")),
     )
 
 
@@ -144,19 +208,21 @@ class Snapshot:
         pod_list += [slim for _, slim in ledger.unseen(seen)]
         return cls(nodes=[dict(n) for n in nodes], pods=pod_list)
 
-    def job_pods(self, job: JobKey) -> tuple[PodView, ...]:
-        views = (pod_view(p) for p in self.pods if job_of(p) == job)
+    def job_pods(self, job: JobKey, uid: str | None = None) -> tuple[PodView, ...]:
+        views = (pod_view(p) for p in self.pods if belongs(p, job, uid))
         return tuple(sorted((v for v in views if v is not None), key=lambda v: (v.attempt, v.index)))
 
     def node_views(self) -> dict[str, NodeView]:
         return {v.name: v for v in map(node_view, self.nodes)}
 
-    def reserved(self, job: JobKey) -> dict[str, int]:
+    def reserved(self, job: JobKey, uid: str | None = None) -> dict[str, int]:
         """GPUs promised to other jobs' pods that are not bound yet (gated or just created)."""
         out: dict[str, int] = {}
         for pod in self.pods:
             meta, spec = pod["metadata"], pod["spec"]
-            if spec.get("nodeName") or job_of(pod) in (None, job) or meta.get("deletionTimestamp"):
+            if spec.get("nodeName") or job_of(pod) is None or belongs(pod, job, uid):
+                continue
+            if meta.get("deletionTimestamp"):
                 continue
             if pod["status"].get("phase") in TERMINAL_PHASES:
                 continue
@@ -166,10 +232,35 @@ class Snapshot:
         return out
 
     def inventory(self, job: JobKey, labels: TopologyLevels, tolerations: list[dict[str, Any]],
-                  node_selector: Mapping[str, str]) -> Inventory:
-        """Free GPUs as `job` sees them: its own pods hold nothing (a restart replaces them)."""
-        others = [p for p in self.pods if job_of(p) != job]
+                  node_selector: Mapping[str, str], avoid: frozenset[str] = frozenset(),
+                  uid: str | None = None) -> Inventory:
+        """Free GPUs as `job` sees them: its own pods hold nothing (a restart replaces them).
+
+        Nodes in `avoid` (those that failed the job's pods too often) are left out. Pods with
+        the job's label but another owner (`uid`) hold their GPUs like any other pod.
+        """
+        others = [p for p in self.pods if not belongs(p, job, uid)]
+        nodes = [n for n in self.nodes if n["metadata"]["name"] not in avoid] if avoid else self.nodes
         return Inventory.from_snapshot(
-            self.nodes, others, labels, tolerations=tolerations,
-            node_selector=node_selector, reserved=self.reserved(job),
+            nodes, others, labels, tolerations=tolerations,
+            node_selector=node_selector, reserved=self.reserved(job, uid),
         )
+
+    def foreign_problem(self, job: JobKey, uid: str, attempt: int) -> tuple[str, str] | None:
+        """A pod not of this job that holds a name the job's next pods would take.
+
+        Pods are named `<job>-<attempt>-<index>`, and a pass creates attempt `attempt` or
+        `attempt + 1`: a namesake's pod of those attempts (a deleted job's, still terminating)
+        must be gone first. (reason, message) for reconcile's config_problem, else None.
+        """
+        if not uid:
+            return None
+        for pod in sorted(self.pods, key=lambda p: str(p["metadata"]["name"])):
+            meta = pod["metadata"]
+            if job_of(pod) != job or owned_by(meta, uid):
+                continue
+            if (meta.get("labels") or {}).get(ATTEMPT_LABEL) in (str(attempt), str(attempt + 1)):
+                message = foreign_message("Pod", job[0], str(meta["name"]), controller_owner(meta),
+                                          job[1], terminating=bool(meta.get("deletionTimestamp")))
+                return Reason.FOREIGN_OBJECT, message
+        return None

@@ -21,6 +21,8 @@ class ConditionType:
     PROGRESSING = "Progressing"  # the trainer reports progress within progressTimeoutSeconds
     RECOVERING = "Recovering"  # a restart is in flight
     CONFIG_VALID = "ConfigValid"  # references resolve (Secret, pools)
+    STORE_REACHABLE = "CheckpointStoreReachable"  # the operator can read the checkpoint store
+    PODS_CREATED = "PodsCreated"  # the API server accepted every pod of the current attempt
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
 
@@ -51,6 +53,20 @@ class Reason:
     MAX_RESTARTS = "MaxRestartsExceeded"
     NON_RETRYABLE = "NonRetryableExitCode"
     COMPLETED = "AllPodsSucceeded"
+    STORE_UNAVAILABLE = "CheckpointStoreUnavailable"
+    STORE_OK = "CheckpointStoreAnswered"
+    PODS_CREATED_OK = "AllPodsCreated"
+    POD_CREATE_REFUSED = "PodCreateRefused"  # the API server refused a pod (PodSecurity, webhook, ...)
+    QUOTA_EXCEEDED = "QuotaExceeded"  # a ResourceQuota refused a pod
+    POD_SPEC_INVALID = "PodSpecInvalid"  # the API server found the pod invalid (422)
+    PODS_NOT_STARTING = "PodsNotStarting"  # pods stuck (image pull, config, Unschedulable) too long
+    POD_PREEMPTED = "PodPreempted"
+    SPEC_CHANGED = "SpecChanged"
+    MAX_INFRA_RESTARTS = "MaxInfrastructureRestartsExceeded"
+    NODE_AVOIDED = "NodeAvoided"
+    FOREIGN_OBJECT = "ForeignObject"  # a child's name is taken by an object this job does not own
+    FOREIGN_CHECKPOINTS = "ForeignCheckpoints"  # the checkpoint prefix holds another run's steps
+    RESUMED_FOREIGN = "ResumedForeignCheckpoints"  # resumePolicy Always took another run's steps
 
 
 def now_iso() -> str:
@@ -118,7 +134,41 @@ class ProgressStatus(_Model):
     """The trainer's last heartbeat (progress.json)."""
 
     step: int = Field(..., description="Last step reported.")
-    time: str | None = Field(None, description="When it was reported.")
+    time: str | None = Field(None, description="When it was reported (the trainer's clock).")
+    attempt: int | None = Field(None, description="The attempt whose trainer reported it.")
+    observed_time: str | None = Field(
+        None, alias="observedTime",
+        description="When the operator first saw this step (the operator's clock; the hang clock "
+        "starts here, so clock skew between nodes cannot fake or hide a hang).",
+    )
+
+
+class RestartBudgets(_Model):
+    """Restarts made so far, per failure class (each has its own budget in spec.failurePolicy)."""
+
+    application: int = Field(0, description="Restarts after application failures (exit codes, hangs).")
+    infrastructure: int = Field(
+        0, description="Restarts after infrastructure failures (node lost, eviction, preemption, "
+        "pod deleted, pods that never start).",
+    )
+
+
+class NodeFailures(_Model):
+    """Failures of this job's pods attributed to one node."""
+
+    node: str = Field(..., description="Node name.")
+    failures: int = Field(0, description="Failures attributed to the node.")
+    last_reason: str = Field("", alias="lastReason", description="Reason of the last one.")
+    last_time: str | None = Field(None, alias="lastTime", description="When the last one happened.")
+    avoided: bool = Field(False, description="True: this job's re-plans no longer use the node.")
+
+
+class ResumedFromStatus(_Model):
+    """The run whose checkpoints this job started from (spec.checkpoint.resumePolicy: Always)."""
+
+    uid: str = Field("", description="metadata.uid of the TrainingJob that wrote them; empty: unknown.")
+    step: int = Field(..., description="Its highest committed step when this job took them over.")
+    time: str | None = Field(None, description="When this job took them over.")
 
 
 class RecoveryStatus(_Model):
@@ -144,11 +194,31 @@ class TrainingJobStatus(_Model):
     pool: str | None = Field(None, description="GPU pool (nvidia.com/gpu.product) of the current attempt.")
     placement: PlacementSummary | None = Field(None, description="Placement of the current attempt.")
     attempt: int = Field(0, description="Restart epoch (TOPOTRAIN_ATTEMPT) of the current pods.")
-    restarts: int = Field(0, description="Gang restarts so far.")
+    restarts: int = Field(0, description="Gang restarts so far (all classes).")
+    restarts_by_class: RestartBudgets | None = Field(
+        None, alias="restartsByClass", description="Restarts per failure class.",
+    )
+    node_failures: list[NodeFailures] = Field(
+        default_factory=list, alias="nodeFailures",
+        description="Nodes that failed this job's pods, and whether they are avoided.",
+    )
+    reason: str | None = Field(None, description="Why the job is in its phase, in one word (CamelCase).")
+    message: str | None = Field(None, description="Why the job is in its phase, in words.")
+    attempt_start_time: str | None = Field(
+        None, alias="attemptStartTime", description="When the current attempt's pods were created.",
+    )
+    template_generation: int | None = Field(
+        None, alias="templateGeneration",
+        description="metadata.generation whose pod template the current attempt's pods run.",
+    )
     last_failure: FailureRecord | None = Field(None, alias="lastFailure", description="The last failure acted on.")
     checkpoint: CheckpointStatus | None = Field(None, description="Latest committed checkpoint.")
     progress: ProgressStatus | None = Field(None, description="Latest trainer heartbeat.")
     recovery: RecoveryStatus | None = Field(None, description="The last recovery.")
+    resumed_from: ResumedFromStatus | None = Field(
+        None, alias="resumedFrom",
+        description="Set when the job started from checkpoints another TrainingJob wrote.",
+    )
     selector: str | None = Field(None, description="Label selector of the job's pods (scale subresource).")
     start_time: str | None = Field(None, alias="startTime", description="When the first attempt started.")
     completion_time: str | None = Field(None, alias="completionTime", description="When the job finished.")

@@ -14,7 +14,7 @@ from topotrain.policy import (
     detect_failure,
     stalled_failure,
 )
-from topotrain.status import Reason
+from topotrain.status import Reason, RestartBudgets
 
 NODES = {"a": NodeView("a"), "b": NodeView("b"), "sick": NodeView("sick", ready=False)}
 DEFAULT = FailurePolicy()
@@ -82,7 +82,7 @@ def test_backoff_is_exponential_and_capped(base: int, cap: int, restart: int, de
 def test_decide(restarts: int, max_restarts: int, action: str, reason: str) -> None:
     failure = detect_failure([pod(0, phase="Failed", exit_code=1)], 1, NODES, DEFAULT, started=True)
     assert failure is not None
-    verdict = decide(failure, restarts, FailurePolicy(maxRestarts=max_restarts))
+    verdict = decide(failure, RestartBudgets(application=restarts), FailurePolicy(maxRestarts=max_restarts))
     assert (verdict.action, verdict.reason) == (action, reason)
     if action == "restart":
         assert verdict.restarts == restarts + 1
@@ -110,7 +110,7 @@ def test_hang_detection_after_the_first_heartbeat(
     failure = stalled_failure(heartbeat, running, policy, now)
     assert (failure is not None) is stalled
     if failure is not None:
-        assert failure.reason == Reason.PROGRESS_STALLED and "last heartbeat" in failure.message
+        assert failure.reason == Reason.PROGRESS_STALLED and "has not changed" in failure.message
 
 
 @pytest.mark.parametrize(
