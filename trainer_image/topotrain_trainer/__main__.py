@@ -22,12 +22,15 @@ from pathlib import Path
 from topotrain.contract import ContractError, TrainerEnv
 
 from topotrain_trainer.config import EXIT_BAD_CONFIG, ConfigError, TrainingConfig
+from topotrain_trainer.data import check_vocab
+from topotrain_trainer.model import model_config
 
 
 def load() -> tuple[TrainerEnv, TrainingConfig]:
     env = TrainerEnv.from_env()
     config = TrainingConfig.from_json(env.training_config)
     config.check_mesh(env.tensor, env.pipeline, env.data)
+    check_vocab(config.dataset, config.model, model_config(config.model).vocab_size)
     return env, config
 
 

@@ -30,8 +30,11 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from topotrain_trainer.config import ConfigError
+
 INDEX = "index.json"
 DEFAULT_SHARD_TOKENS = 1 << 22
+SYNTHETIC_VOCAB = 256  # byte tokens
 
 
 def write_dataset(
@@ -90,10 +93,34 @@ def ensure_synthetic(root: Path, seed: int, tokens: int = 1 << 20) -> Path:
     out = root / f"synthetic-{seed}-{tokens}"
     if not (out / INDEX).exists():
         tmp = root / f".synthetic-{seed}-{os.getpid()}"
-        write_dataset(tmp, synthetic_tokens(tokens, seed), DEFAULT_SHARD_TOKENS, 256)
+        write_dataset(tmp, synthetic_tokens(tokens, seed), DEFAULT_SHARD_TOKENS, SYNTHETIC_VOCAB)
         with contextlib.suppress(OSError):  # another local rank won the race; same data
             tmp.replace(out)
     return out
+
+
+def check_vocab(dataset: str, model: str, model_vocab: int) -> None:
+    """Refuse a dataset whose token ids reach past the model's embedding (ConfigError).
+
+    Otherwise the first out-of-range id is a device-side assert in the embedding,
+    a crash the operator would retry until maxRestarts. An index.json that is not
+    there (yet) is left to the ranks: a volume mounted late deserves a retry.
+    """
+    if dataset == "synthetic":
+        vocab = SYNTHETIC_VOCAB
+    else:
+        try:
+            vocab = int(json.loads((Path(dataset) / INDEX).read_text())["vocab_size"])
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ConfigError(f"training.dataset={dataset!r}: unreadable {INDEX}: {err}") from None
+    if vocab > model_vocab:
+        raise ConfigError(
+            f"training.dataset={dataset!r} has vocab_size {vocab}, but training.model={model!r} "
+            f"embeds only {model_vocab} token ids: use a dataset tokenized for this model or a "
+            "model with a vocabulary at least that large"
+        )
 
 
 class TokenDataset:
