@@ -1,0 +1,257 @@
+"""The reconciler under ordinary faults (issue: failure handling), pass by pass, no cluster.
+
+Each test is a defect a user met: a healthy job restarted by an S3 blip, a
+node whose pods keep crashing, a crashed pod whose logs vanished, pods that
+never start, a spec edit that never reached the pods. `FakePlanner` (from
+test_reconcile) stands in for the placement engine at the unit-test boundary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+from test_reconcile import T0, FakePlanner, gang, observed, run, running_job, spec
+from topotrain.policy import PodView
+from topotrain.reconcile import RankTable
+from topotrain.reconcile_status import CheckpointView
+from topotrain.status import ConditionType as C
+from topotrain.status import Reason
+
+CKPT = CheckpointView(step=200, uri="s3://ckpt/runs/ns/job/step-0000000200")
+DOWN = CheckpointView(reachable=False, error="Could not connect to the endpoint URL")
+
+
+def beat(step: int, attempt: int = 0, trainer_time: Any = T0) -> CheckpointView:
+    return replace(CKPT, progress_step=step, progress_time=trainer_time, progress_attempt=attempt)
+
+
+def at(seconds: float) -> Any:
+    return T0 + timedelta(seconds=seconds)
+
+
+# --- 1. an unreachable checkpoint store is never a hang ------------------------------------
+
+
+def test_store_outage_longer_than_every_timeout_never_restarts_a_running_gang() -> None:
+    obs = running_job(spec=spec(progressTimeoutSeconds=60, startupTimeoutSeconds=120))
+    _, obs = run(obs, pods=gang(0), now=at(10), checkpoint=beat(250))
+    for t in (100, 500, 5000):
+        d, obs = run(obs, pods=gang(0), now=at(t), checkpoint=DOWN)
+        assert d.launch is None and not d.delete and d.status.phase == "Running"
+        cond = d.status.condition(C.STORE_REACHABLE)
+        assert cond is not None and cond.status == "False"
+        assert cond.reason == Reason.STORE_UNAVAILABLE and "Could not connect" in cond.message
+        assert d.status.reason == Reason.STORE_UNAVAILABLE  # kubectl get tj says why
+    # The store answers again with the step it held before the outage: the trainer could not
+    # write progress meanwhile, so the hang clock starts afresh from the moment it answers.
+    d, obs = run(obs, pods=gang(0), now=at(5001), checkpoint=beat(250))
+    assert d.launch is None and d.status.condition(C.STORE_REACHABLE).status == "True"  # type: ignore[union-attr]
+    d, obs = run(obs, pods=gang(0), now=at(5050), checkpoint=beat(250))
+    assert d.launch is None
+    # ... and hang detection resumes: the same step 61 s after the store came back is a hang.
+    d, _ = run(obs, pods=gang(0), now=at(5062), checkpoint=beat(250))
+    assert d.status.last_failure is not None
+    assert d.status.last_failure.reason == Reason.PROGRESS_STALLED and d.launch is not None
+
+
+def test_hang_clock_is_the_operators_not_the_trainers() -> None:
+    """A trainer clock an hour behind with steps moving is no hang; a clock in the future with
+    the step stuck is one."""
+    obs = running_job(spec=spec(progressTimeoutSeconds=60))
+    behind = T0 - timedelta(hours=1)
+    for i, t in enumerate((10, 60, 110, 160)):
+        d, obs = run(obs, pods=gang(0), now=at(t), checkpoint=beat(250 + i, trainer_time=behind))
+        assert d.launch is None, f"pass at {t}s restarted a training job"
+    ahead = T0 + timedelta(hours=1)
+    _, obs = run(obs, pods=gang(0), now=at(200), checkpoint=beat(300, trainer_time=ahead))
+    d, _ = run(obs, pods=gang(0), now=at(261), checkpoint=beat(300, trainer_time=ahead))
+    assert d.status.last_failure is not None and d.status.last_failure.reason == Reason.PROGRESS_STALLED
+
+
+# --- 4. failure classes with budgets of their own, bad nodes avoided -----------------------
+
+
+def test_infrastructure_failures_do_not_use_the_application_budget() -> None:
+    obs = running_job(spec=spec(maxRestarts=0, maxInfrastructureRestarts=5))
+    lost = {k: v for k, v in obs.nodes.items() if k != "n1"}
+    d, _ = run(obs, pods=gang(0), nodes=lost, now=at(5))
+    assert d.status.phase == "Recovering" and d.launch is not None
+    assert d.status.restarts_by_class is not None
+    assert (d.status.restarts_by_class.application, d.status.restarts_by_class.infrastructure) == (0, 1)
+    # An application failure with maxRestarts 0 fails the job, naming the budget.
+    obs = running_job(spec=spec(maxRestarts=0, maxInfrastructureRestarts=5))
+    pods = list(gang(0))
+    pods[2] = replace(pods[2], phase="Failed", exit_code=1)
+    d, _ = run(obs, pods=tuple(pods), now=at(5))
+    assert d.status.phase == "Failed"
+    failed = d.status.condition(C.FAILED)
+    assert failed is not None and failed.reason == Reason.MAX_RESTARTS
+    assert "spec.failurePolicy.maxRestarts (0)" in failed.message
+
+
+def test_exhausted_infrastructure_budget_names_it() -> None:
+    obs = running_job(spec=spec(maxInfrastructureRestarts=0))
+    lost = {k: v for k, v in obs.nodes.items() if k != "n1"}
+    d, _ = run(obs, pods=gang(0), nodes=lost, now=at(5))
+    assert d.status.phase == "Failed" and d.status.reason == Reason.MAX_INFRA_RESTARTS
+    assert "maxInfrastructureRestarts (0)" in (d.status.message or "")
+
+
+def _crash_on(obs: Any, attempt: int, index: int, now: float) -> Any:
+    pods = list(gang(attempt, nodes=_placement(obs)))
+    pods[index] = replace(pods[index], phase="Failed", exit_code=1)
+    d, after = run(obs, pods=tuple(pods), now=at(now))
+    return d, after
+
+
+def _placement(obs: Any) -> dict[int, str]:
+    table = obs.rank_table
+    return dict(table.assignments) if table is not None else {i: f"n{i}" for i in range(4)}
+
+
+def test_a_node_that_keeps_crashing_the_job_is_avoided_by_its_replans() -> None:
+    planner = FakePlanner()
+    obs = running_job(spec=spec(nodeFailureThreshold=2), planner=planner)
+    d, obs = _crash_on(obs, 0, 1, 5)  # pod 1 on n1 crashes: n1 counted once, not yet avoided
+    assert [(r.node, r.failures, r.avoided) for r in d.status.node_failures] == [("n1", 1, False)]
+    assert d.launch is not None and d.launch.assignments[1] == "n1"
+    obs = replace(obs, rank_table=RankTable(1, 2, dict(d.launch.assignments)))
+    _, obs = run(obs, pods=gang(1), now=at(6))
+    d, obs = _crash_on(obs, 1, 1, 10)  # n1 again: now avoided
+    assert [(r.node, r.failures, r.avoided) for r in d.status.node_failures] == [("n1", 2, True)]
+    assert d.launch is not None and d.launch.assignments[1] != "n1"
+    assert "replan lost=['n1']" in planner.calls
+    assert any(reason == Reason.NODE_AVOIDED for _, reason, _ in d.events)
+
+
+def test_a_trainer_bug_failing_every_node_blames_no_node() -> None:
+    obs = running_job()
+    pods = tuple(replace(p, phase="Failed", exit_code=1) for p in gang(0))
+    d, _ = run(obs, pods=pods, now=at(5))
+    assert d.status.node_failures == []
+
+
+# --- 5. the crashed pod's logs survive ------------------------------------------------------
+
+
+def test_crashed_pod_is_kept_until_the_next_attempt_runs_and_its_message_is_in_status() -> None:
+    obs = running_job()
+    pods = list(gang(0))
+    pods[1] = replace(pods[1], phase="Failed", exit_code=3, reason="Error",
+                      message="Traceback (most recent call last):\nRuntimeError: CUDA error: Xid 79")
+    d, obs = run(obs, pods=tuple(pods), now=at(5))
+    assert "job-0-1" not in d.delete
+    assert d.status.last_failure is not None and "Xid 79" in d.status.last_failure.message
+    crashed = pods[1]
+    starting = (crashed, *gang(1, phase="Pending"))
+    d, obs = run(obs, pods=starting, now=at(6))
+    assert "job-0-1" not in d.delete  # the new attempt is not Running yet
+    d, _ = run(obs, pods=(crashed, *gang(1)), now=at(8))
+    assert d.status.phase == "Running" and "job-0-1" in d.delete
+
+
+def test_a_failed_job_keeps_its_crashed_pods() -> None:
+    obs = running_job(spec=spec(maxRestarts=0))
+    pods = list(gang(0))
+    pods[0] = replace(pods[0], phase="Failed", exit_code=1)
+    d, obs = run(obs, pods=tuple(pods), now=at(5))
+    assert d.status.phase == "Failed"
+    d, _ = run(obs, pods=tuple(pods), now=at(6))
+    assert "job-0-0" not in d.delete and "job-0-1" in d.delete
+
+
+# --- 3. pods that never start, pods the API server refuses ---------------------------------
+
+
+def test_pending_pods_say_why_and_restart_away_from_their_node_after_the_timeout() -> None:
+    obs = running_job(spec=spec(schedulingTimeoutSeconds=300))
+    pods = list(gang(0))
+    pods[3] = replace(pods[3], phase="Pending", waiting="ImagePullBackOff",
+                      waiting_message='Back-off pulling image "trainer:1"')
+    d, obs = run(obs, pods=tuple(pods), now=at(100))
+    ready = d.status.condition(C.READY)
+    assert ready is not None and ready.status == "False"
+    assert "3/4 pods Running" in ready.message and "ImagePullBackOff" in ready.message
+    assert 'Back-off pulling image "trainer:1"' in (d.status.message or "")
+    d, _ = run(obs, pods=tuple(pods), now=at(301))
+    assert d.status.last_failure is not None
+    assert d.status.last_failure.reason == Reason.PODS_NOT_STARTING
+    assert "schedulingTimeoutSeconds" in d.status.last_failure.message
+    assert [r.node for r in d.status.node_failures] == ["n3"]
+    assert d.status.restarts_by_class is not None and d.status.restarts_by_class.infrastructure == 1
+
+
+def _refused(obs: Any, now: float) -> Any:
+    """What the edge writes when the API server refused the gang's pods."""
+    from topotrain.reconcile_status import StatusBuilder
+
+    sb = StatusBuilder(obs.status, obs.generation, at(now))
+    sb.pods_refused(Reason.QUOTA_EXCEEDED, 'pods "job-0-3" is forbidden: exceeded quota: gpus')
+    sb.summarize()
+    return replace(obs, status=sb.status, last_refusal=at(now))
+
+
+def test_refused_gang_retries_with_a_pause_and_fails_after_the_timeout() -> None:
+    d, obs = run(observed(spec=spec(schedulingTimeoutSeconds=120)))
+    assert d.launch is not None
+    obs = _refused(obs, 0)
+    assert obs.status.reason == Reason.QUOTA_EXCEEDED and "exceeded quota" in (obs.status.message or "")
+    d, _ = run(obs, now=at(3))
+    assert d.launch is None and d.requeue_after is not None and 0 < d.requeue_after <= 10
+    d, _ = run(obs, now=at(11))
+    assert d.launch is not None  # quota may have been freed: try again
+    d, _ = run(obs, now=at(121))
+    assert d.status.phase == "Failed" and d.status.reason == Reason.QUOTA_EXCEEDED
+    assert "schedulingTimeoutSeconds 120" in (d.status.message or "")
+
+
+def test_created_gang_clears_the_refusal() -> None:
+    _, obs = run(observed())
+    obs = _refused(obs, 0)
+    d, _ = run(obs, pods=gang(0), now=at(12))
+    created = d.status.condition(C.PODS_CREATED)
+    assert created is not None and created.status == "True"
+
+
+# --- 7. spec edits reach the pods -----------------------------------------------------------
+
+
+def _templated(pods: tuple[PodView, ...], template: str) -> tuple[PodView, ...]:
+    return tuple(replace(p, template=template) for p in pods)
+
+
+def test_a_pod_template_change_rolls_the_gang_from_the_latest_checkpoint() -> None:
+    obs = replace(running_job(), template="old", generation=1)
+    d, obs = run(obs, pods=_templated(gang(0), "old"))
+    assert d.launch is None and d.status.observed_generation == 1
+    edited = replace(obs, template="new", generation=2)
+    d, after = run(edited, pods=_templated(gang(0), "old"), now=at(30))
+    assert sorted(d.delete) == [f"job-0-{i}" for i in range(4)]
+    assert d.launch is not None and d.launch.attempt == 1 and d.launch.resume_step == 200
+    recovering = d.status.condition(C.RECOVERING)
+    assert recovering is not None and recovering.reason == Reason.SPEC_CHANGED
+    assert d.status.restarts == 0  # a roll is not a failure
+    assert d.status.observed_generation == 2  # the new pods are built from generation 2
+
+
+def test_observed_generation_waits_while_old_pods_keep_running() -> None:
+    """A spec that cannot run yet (a config problem) keeps the old gang: not observed."""
+    obs = replace(running_job(), template="old", generation=1)
+    _, obs = run(obs, pods=_templated(gang(0), "old"))
+    stuck = replace(obs, template="new", generation=2,
+                    config_problem=(Reason.SECRET_NOT_FOUND, "Secret ns/x does not exist"))
+    d, _ = run(stuck, pods=_templated(gang(0), "old"), now=at(30))
+    assert d.launch is None and not d.delete and d.status.observed_generation == 1
+
+
+# --- 8. a gang finished after an operator crash resumes from one step ----------------------
+
+
+def test_half_created_first_attempt_takes_the_resume_step_of_its_pods() -> None:
+    _, obs = run(observed())
+    table = RankTable(0, 2, {i: f"n{i}" for i in range(4)})
+    pods = tuple(replace(p, resume_step="200") for p in gang(0, phase="Pending", gated=True)[:2])
+    d, _ = run(obs, pods=pods, rank_table=table, checkpoint=replace(CKPT, step=400))
+    assert d.launch is not None and d.launch.only == (2, 3) and d.launch.resume_step == 200
