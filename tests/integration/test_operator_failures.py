@@ -95,7 +95,10 @@ def test_max_restarts_exhausted_fails_the_job(cluster: Cluster) -> None:
     failed = cluster.condition("llm", "Failed")
     assert failed is not None and failed["reason"] == "MaxRestartsExceeded"
     assert status["restarts"] == 1
-    wait_for("pods deleted", lambda: not [p for p in cluster.pods("llm") if p.metadata.deletion_timestamp is None])
+    # The crashed pod stays for its logs (it holds no GPUs); the rest of the gang is deleted.
+    wait_for("healthy pods deleted", lambda: [p.metadata.name for p in cluster.pods("llm")
+                                              if p.metadata.deletion_timestamp is None] == [gang[1].metadata.name])
+    assert "exit code 2" in status["lastFailure"]["message"]
 
 
 def test_non_retryable_exit_code_fails_at_once(cluster: Cluster) -> None:

@@ -1,0 +1,92 @@
+"""Pods the real API server refuses, and pods that never start, on the testbed.
+
+The refusals come from the API server itself (ResourceQuota admission, pod
+validation); the Unschedulable pods from the real kube-scheduler. The tests
+check what a user sees: the job's phase, its conditions and `kubectl get tj`,
+and that no half-created gang is left holding quota.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from operator_support import Cluster, cluster_fixture, wait_for
+
+from testbed.kube import Kube
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def cluster(kube: Kube, namespace: str, tmp_path: Path) -> Iterator[Cluster]:
+    yield from cluster_fixture(kube, namespace, tmp_path)
+
+
+def _live(cluster: Cluster, job: str) -> list[str]:
+    return [p.metadata.name for p in cluster.pods(job) if p.metadata.deletion_timestamp is None]
+
+
+def _quota(cluster: Cluster, gpus: int) -> None:
+    body = {"metadata": {"name": "gpus"}, "spec": {"hard": {"requests.nvidia.com/gpu": str(gpus)}}}
+    core = cluster.kube.core
+    if core.list_namespaced_resource_quota(cluster.namespace).items:
+        core.patch_namespaced_resource_quota("gpus", cluster.namespace, body)
+    else:
+        core.create_namespaced_resource_quota(cluster.namespace, body)
+
+
+def test_quota_refusal_is_in_status_holds_nothing_and_clears_when_quota_grows(cluster: Cluster) -> None:
+    cluster.add_nodes(racks=1, per_rack=4)
+    _quota(cluster, 16)  # the gang needs 4 pods x 8 GPUs
+    wait_for("quota status", lambda: cluster.kube.core.read_namespaced_resource_quota(
+        "gpus", cluster.namespace).status.hard)
+    cluster.apply(cluster.manifest("llm"))
+    cond = wait_for("PodsCreated=False", lambda: (c := cluster.condition("llm", "PodsCreated"))
+                    and c["status"] == "False" and c)
+    assert cond["reason"] == "QuotaExceeded" and "exceeded quota" in cond["message"], cond
+    status = cluster.status("llm")
+    assert status["phase"] == "Pending" and status["reason"] == "QuotaExceeded"
+    table = cluster.kube.kubectl("get", "tj", "llm", "-n", cluster.namespace).stdout
+    assert "QuotaExceeded" in table, table
+    # Never half a gang holding quota: the pods that were admitted are taken back.
+    wait_for("no pod left holding quota", lambda: not _live(cluster, "llm") or None)
+    _quota(cluster, 64)
+    wait_for("gang Running once quota allows", lambda: cluster.running_gang("llm", 0, 4), 60)
+    created = cluster.condition("llm", "PodsCreated")
+    assert created is not None and created["status"] == "True"
+
+
+def test_invalid_pod_is_refused_with_the_api_servers_words(cluster: Cluster) -> None:
+    cluster.add_nodes(racks=1, per_rack=4)
+    cluster.apply(cluster.manifest("llm", worker={"resources": {"requests": {"memory": "lots"}}}))
+    cond = wait_for("PodsCreated=False", lambda: (c := cluster.condition("llm", "PodsCreated"))
+                    and c["status"] == "False" and c)
+    assert cond["reason"] == "PodSpecInvalid" and "lots" in cond["message"], cond
+    assert not _live(cluster, "llm")
+    described = cluster.kube.kubectl("describe", "tj", "llm", "-n", cluster.namespace).stdout
+    assert "PodSpecInvalid" in described
+
+
+def test_unschedulable_pods_say_why_then_their_nodes_are_avoided(cluster: Cluster) -> None:
+    cluster.add_nodes(racks=1, per_rack=2)
+    cluster.apply(cluster.manifest(
+        "llm", pipeline=1,  # 2 pods
+        worker={"resources": {"requests": {"cpu": "100000"}}},  # more CPU than any node has
+        failurePolicy={"schedulingTimeoutSeconds": 5, "nodeFailureThreshold": 1},
+    ))
+    ready = wait_for("Ready says Unschedulable", lambda: (c := cluster.condition("llm", "Ready"))
+                     and "Unschedulable" in c["message"] and c)
+    assert "Insufficient cpu" in ready["message"], ready
+    failure = wait_for("PodsNotStarting", lambda: (s := cluster.status("llm")).get("lastFailure")
+                       and s["lastFailure"]["reason"] == "PodsNotStarting" and s["lastFailure"])
+    assert "schedulingTimeoutSeconds" in failure["message"]
+    status = wait_for("nodes avoided", lambda: (s := cluster.status("llm")).get("nodeFailures")
+                      and all(r["avoided"] for r in s["nodeFailures"]) and s)
+    assert sorted(r["node"] for r in status["nodeFailures"]) == sorted(cluster.nodes)
+    assert status["restartsByClass"]["infrastructure"] >= 1 and status["restartsByClass"]["application"] == 0
+    # Every node of the job is avoided now: the job waits and says so instead of looping.
+    sched = wait_for("Schedulable=False", lambda: (c := cluster.condition("llm", "Schedulable"))
+                     and c["status"] == "False" and c)
+    assert sched["reason"] == "InsufficientCapacity"
