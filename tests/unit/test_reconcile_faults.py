@@ -227,7 +227,7 @@ def test_a_pod_template_change_rolls_the_gang_from_the_latest_checkpoint() -> No
     d, obs = run(obs, pods=_templated(gang(0), "old"))
     assert d.launch is None and d.status.observed_generation == 1
     edited = replace(obs, template="new", generation=2)
-    d, after = run(edited, pods=_templated(gang(0), "old"), now=at(30))
+    d, _ = run(edited, pods=_templated(gang(0), "old"), now=at(30))
     assert sorted(d.delete) == [f"job-0-{i}" for i in range(4)]
     assert d.launch is not None and d.launch.attempt == 1 and d.launch.resume_step == 200
     recovering = d.status.condition(C.RECOVERING)
