@@ -404,6 +404,11 @@ class TrainingJobSpec(_Model):
         return self
 
 
+# Ranks in one gang (8192 pods of 8 GPUs). Planning time and the rank table grow with the
+# world size; the cap keeps one reconcile pass short and the rank table under 1 MiB.
+MAX_WORLD_SIZE = 65536
+
+
 def mesh_errors(par: Parallelism, gpus_per_pod: int) -> list[str]:
     """The spec-level rules, in Python; CRD_SPEC_RULES says the same in CEL."""
     errors = []
@@ -415,6 +420,11 @@ def mesh_errors(par: Parallelism, gpus_per_pod: int) -> list[str]:
         errors.append(
             f"spec.parallelism.tensor ({par.tensor}) must divide spec.worker.gpusPerPod "
             f"({gpus_per_pod}) or be a multiple of it"
+        )
+    if par.world_size > MAX_WORLD_SIZE:
+        errors.append(
+            f"spec.parallelism.data: tensor*pipeline*data ({par.world_size}) must be at most "
+            f"{MAX_WORLD_SIZE} ranks"
         )
     return errors
 
@@ -435,6 +445,11 @@ CRD_SPEC_RULES = [
     *degrees.CRD_SPEC_RULES,
 ]
 CRD_PARALLELISM_RULES = [
+    {
+        "rule": f"self.tensor * self.pipeline * self.data <= {MAX_WORLD_SIZE}",
+        "message": f"tensor*pipeline*data must be at most {MAX_WORLD_SIZE} ranks",
+        "fieldPath": ".data",
+    },
     {
         "rule": "!has(self.minData) || self.minData <= self.data",
         "message": "minData must be <= data (kubectl scale cannot go below minData)",

@@ -236,7 +236,7 @@ class Kube:
             meta = self._wire_metadata(cm)
             if not owned_by(meta, uid):
                 raise ForeignObject("ConfigMap", namespace, name, controller_owner(meta), job)
-        parsed = parse_rank_table(cm.data or {})
+        parsed = parse_rank_table({**(cm.data or {}), **(cm.binary_data or {})})
         return None if parsed is None else RankTable(*parsed)
 
     # --- the checkpoint Secret -----------------------------------------------

@@ -57,6 +57,8 @@ def test_there_is_an_invalid_example_per_rule() -> None:
         ({"tensor": 1, "pipeline": 1, "data": 4, "minData": 4}, 1, None),
         ({"tensor": 0, "pipeline": 1, "data": 1}, 1, "greater than or equal to 1"),
         ({"tensor": 1, "pipeline": 1, "data": -2}, 1, "greater than or equal to 1"),
+        ({"tensor": 8, "pipeline": 8, "data": 1024}, 8, None),  # 65536 ranks: the cap
+        ({"tensor": 8, "pipeline": 16, "data": 1024}, 8, "(131072) must be at most 65536 ranks"),
     ],
 )
 def test_mesh_rules(parallelism: dict[str, int], gpus_per_pod: int, error: str | None) -> None:

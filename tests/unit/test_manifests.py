@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -134,3 +135,23 @@ def test_another_uid_for_a_restricted_image() -> None:
 def test_a_security_context_under_restricted_is_refused_naming_the_field() -> None:
     with pytest.raises(ValueError, match=r"spec\.worker\.securityContext requires spec\.worker\.podSecurity"):
         spec(worker={"gpusPerPod": 2, "securityContext": {"privileged": True}})
+
+
+@pytest.mark.parametrize("gpus_per_pod", [8, 1])
+def test_the_rank_table_of_a_65536_rank_gang_fits_a_configmap(gpus_per_pod: int) -> None:
+    big = spec(parallelism={"tensor": 8, "pipeline": 8, "data": 1024},
+               worker={"gpusPerPod": gpus_per_pod})  # fmt: skip
+    pods = 65536 // gpus_per_pod
+    nodes = {i: f"team-a-gpu-block{i // 4096}-rack{i // 256:03d}-node{i // 8:05d}" for i in range(pods)}
+    cm = rank_table(JOB, big, 4, 1024, "H100-80GB", nodes)
+    assert len(json.dumps(cm).encode()) < 1024 * 1024, "the API server refuses a ConfigMap over 1 MiB"
+    assert parse_rank_table({**cm["data"], **cm.get("binaryData", {})}) == (4, 1024, nodes)
+    assert "ranks.tsv" not in cm["data"] and "pod r // gpusPerPod" in cm["data"]["ranksOmitted"]
+    assert rank_table(JOB, big, 4, 1024, "H100-80GB", nodes) == cm, "the same table every pass"
+
+
+def test_a_small_gang_keeps_its_readable_rank_table() -> None:
+    cm = rank_table(JOB, spec(), 0, 2, "H100", {0: "a", 1: "a", 2: "b", 3: "b"})
+    assert "binaryData" not in cm and "ranksOmitted" not in cm["data"]
+    assert cm["data"]["ranks.tsv"].splitlines()[0] == "rank\tpod\tlocal\ttp\tpp\tdp\tnode"
+    assert len(cm["data"]["ranks.tsv"].splitlines()) == 9

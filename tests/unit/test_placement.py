@@ -218,3 +218,17 @@ def test_reserved_gpus_keep_two_jobs_apart() -> None:
     second = plan(req(pipeline=2, data=2), Inventory.from_snapshot(nodes, [], reserved=taken))
     assert second.feasible and not set(second.nodes.values()) & set(first.nodes.values())
     assert not plan(req(pipeline=2, data=3), Inventory.from_snapshot(nodes, [], reserved=taken)).feasible
+
+
+def test_the_shortfall_of_a_huge_gang_is_reported_without_enumerating_its_ranks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """65536 ranks (the API's cap) on 4 nodes: the reason is arithmetic, no mesh is built."""
+
+    def no_mesh(*_: Any, **__: Any) -> Mesh:
+        raise AssertionError("built the mesh of a gang that cannot fit")
+
+    monkeypatch.setattr(Mesh, "build", no_mesh)
+    result = plan(req(tensor=8, pipeline=8, data=1024, min_data=512), inv(hgx([4])))
+    assert not result.feasible
+    assert "32 free GPUs in 4 nodes, need 32768 (4096 pods x 8)" in result.reason

@@ -21,7 +21,7 @@ from topotrain.placement import model, orders
 from topotrain.placement.baselines import bestfit_assign
 from topotrain.placement.cost import CostState, DomainIndex, evaluate
 from topotrain.placement.model import Plan
-from topotrain.placement.reasons import capacity_reason, racked_reason
+from topotrain.placement.reasons import capacity_reason, pods_reason, racked_reason
 from topotrain.placement.request import GangRequest, Mesh
 from topotrain.placement.search import FULL_NEIGHBOURHOOD, improve
 from topotrain.topology import Inventory, NodeInfo
@@ -82,7 +82,8 @@ def largest_degree(request: GangRequest, view: PoolView) -> tuple[int | None, st
             return degree, ""
         short_of_pods = None
     if short_of_pods is not None:
-        reason = capacity_reason(view.name, view.index, Mesh.build(request, short_of_pods))
+        # arithmetic: building the mesh of a gang that cannot fit would enumerate its ranks
+        reason = pods_reason(view.name, view.index, request.pods(short_of_pods), request.gpus_per_pod) or ""
     if not reason:
         reason = f"no data degree in [{request.lowest_data}, {request.data}] gives whole pods of {request.gpus_per_pod} GPUs"
     return None, reason

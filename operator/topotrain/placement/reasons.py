@@ -7,19 +7,27 @@ from topotrain.placement.fill import Tree
 from topotrain.placement.request import Mesh
 
 
+def pods_reason(pool: str, index: DomainIndex, pods: int, gpus_per_pod: int) -> str | None:
+    """Not enough whole-pod room for `pods` pods, by arithmetic on free GPUs (no mesh needed)."""
+    g = gpus_per_pod
+    slots = sum(n.free // g for n in index.nodes)
+    if slots >= pods:
+        return None
+    free = sum(n.free for n in index.nodes)
+    holding = sum(1 for n in index.nodes if n.free > 0)
+    text = f"pool {pool}: {free} free GPUs in {holding} nodes, need {pods * g} ({pods} pods x {g})"
+    if free >= pods * g:
+        text += f"; only {slots} pods of {g} GPUs fit on whole nodes"
+    return text
+
+
 def capacity_reason(pool: str, index: DomainIndex, mesh: Mesh) -> str:
     """Not enough whole-pod room, or not enough NVLink domains for the tensor-parallel groups."""
     req = mesh.request
     g, t = req.gpus_per_pod, req.tensor
-    free = sum(n.free for n in index.nodes)
-    holding = sum(1 for n in index.nodes if n.free > 0)
-    slots = sum(n.free // g for n in index.nodes)
-    need = f"need {mesh.pods * g} ({mesh.pods} pods x {g})"
-    if slots < mesh.pods:
-        text = f"pool {pool}: {free} free GPUs in {holding} nodes, {need}"
-        if free >= mesh.pods * g:
-            text += f"; only {slots} pods of {g} GPUs fit on whole nodes"
-        return text
+    short = pods_reason(pool, index, mesh.pods, g)
+    if short is not None:
+        return short
     tree = Tree.build(index, g, mesh.unit_size)
     units = len(mesh.tp_units)
     largest = max((sum(tree.slots[n] for n in nodes) * g for nodes in tree.clique_nodes.values()), default=0)
