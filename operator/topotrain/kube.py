@@ -236,7 +236,9 @@ class Kube:
             meta = self._wire_metadata(cm)
             if not owned_by(meta, uid):
                 raise ForeignObject("ConfigMap", namespace, name, controller_owner(meta), job)
-        parsed = parse_rank_table({**(cm.data or {}), **(cm.binary_data or {})})
+        # binaryData values arrive as the API's base64 text
+        binary = {k: v.decode() if isinstance(v, bytes) else v for k, v in (cm.binary_data or {}).items()}
+        parsed = parse_rank_table({**(cm.data or {}), **binary})
         return None if parsed is None else RankTable(*parsed)
 
     # --- the checkpoint Secret -----------------------------------------------
