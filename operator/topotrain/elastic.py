@@ -9,6 +9,9 @@ decides which range to ask for and whether the answer is worth a restart.
   feasible degree restarts the gang from the latest checkpoint (grow).
 - `kubectl scale` lowering `spec.parallelism.data` below the running degree:
   restart at the new degree (shrink).
+
+Only allowed degrees (`topotrain.degrees`: whole pods and what the trainer
+needs) are ever chosen; the planner filters by the same rule.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from topotrain.api import Parallelism
+from topotrain.degrees import DataLimits, DegreeRule
 from topotrain.status import Reason
 
 
@@ -24,9 +28,12 @@ def degree_fits_pods(par: Parallelism, data: int, gpus_per_pod: int) -> bool:
     return data >= 1 and (par.tensor * par.pipeline * data) % gpus_per_pod == 0
 
 
-def valid_degrees(par: Parallelism, gpus_per_pod: int, low: int, high: int) -> list[int]:
-    """Usable data degrees in [low, high], largest first."""
-    return [d for d in range(high, max(low, 1) - 1, -1) if degree_fits_pods(par, d, gpus_per_pod)]
+def valid_degrees(
+    par: Parallelism, gpus_per_pod: int, low: int, high: int, limits: DataLimits | None = None
+) -> list[int]:
+    """Allowed data degrees in [low, high], largest first (`degrees.limits_for(spec)` gives `limits`)."""
+    rule = DegreeRule(par.tensor, par.pipeline, gpus_per_pod, limits or DataLimits())
+    return rule.degrees(low, high)
 
 
 def pods_for(par: Parallelism, data: int, gpus_per_pod: int) -> int:
@@ -55,9 +62,19 @@ class ResizeRequest:
         return feasible_data != self.current and self.low <= feasible_data <= self.high
 
 
-def resize_request(par: Parallelism, current: int) -> ResizeRequest | None:
-    """What to ask the planner while Running at data degree `current`, or None."""
+def resize_request(
+    par: Parallelism, current: int, rule: DegreeRule | None = None
+) -> ResizeRequest | None:
+    """What to ask the planner while Running at data degree `current`, or None.
+
+    With `rule` (`DegreeRule.for_spec(spec)`), None also when no allowed degree lies in the
+    direction of the resize, so the planner is not asked for what can never run.
+    """
     low, high = bounds(par)
+    if rule is not None and current < high and not rule.degrees(current + 1, high):
+        return None
+    if rule is not None and current > high and not rule.degrees(low, high):
+        return None
     if current > high:
         return ResizeRequest(
             low, high, current, Reason.SHRUNK,

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from topotrain import placement
+from topotrain import degrees, placement
 from topotrain.api import TrainingJobSpec
 from topotrain.placement import GangRequest
 from topotrain.status import Reason
@@ -71,7 +71,7 @@ class PlacementPlanner:
         return replace(self.request, data=high, min_data=min(low, high))
 
     def plan(self, low: int, high: int) -> PlanOutcome:
-        unknown = self._unknown_pools()
+        unknown = self._unknown_pools() or self._no_allowed_degree(low, high)
         if unknown is not None:
             return unknown
         return self._outcome(placement.plan(self._request(low, high), self.inventory), "initial")
@@ -80,11 +80,13 @@ class PlacementPlanner:
         self, previous: Mapping[int, str], lost: frozenset[str], low: int, high: int
     ) -> PlanOutcome:
         request = self._request(low, high)
+        if not request.allows(high):  # running at a degree the rule forbids: start afresh
+            return replace(self.plan(low, high), mode="full")
         recovery = placement.replan_recovery(request, self.inventory, previous, lost)
         if recovery.feasible:
             return self._outcome(recovery.plan, recovery.mode)
         for data in range(high - 1, low - 1, -1):  # shrink, keeping the healthiest replicas
-            if not request.fits_pods(data):
+            if not request.allows(data):
                 continue
             shrunk = placement.plan_shrink(request, self.inventory, previous, lost, data)
             if shrunk.feasible:
@@ -101,6 +103,13 @@ class PlacementPlanner:
             message=f"no node in the cluster has GPU type {', '.join(wanted)} "
             f"(known: {', '.join(sorted(known)) or 'none'}); fix spec.worker.gpuTypes",
         )
+
+    def _no_allowed_degree(self, low: int, high: int) -> PlanOutcome | None:
+        """No degree in [low, high] can ever run (topotrain.degrees): say so, naming the rule."""
+        rule = self.request.rule
+        if rule.degrees(low, high):
+            return None
+        return PlanOutcome(False, reason=degrees.REASON, message=rule.explain(low, high))
 
     def _outcome(self, result: placement.Plan, mode: str) -> PlanOutcome:
         if not result.feasible:

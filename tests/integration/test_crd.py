@@ -28,14 +28,18 @@ def crd(kube: Kube) -> Iterator[None]:
     yield
 
 
-def job(name: str, data: int = 4, min_data: int | None = 2, tensor: int = 2) -> str:
-    parallelism = {"tensor": tensor, "pipeline": 1, "data": data}
+def job(name: str, data: int = 4, min_data: int | None = 2, tensor: int = 2, pipeline: int = 1,
+        training: dict[str, object] | None = None, **parallelism_extra: object) -> str:
+    parallelism: dict[str, object] = {"tensor": tensor, "pipeline": pipeline, "data": data,
+                                      **parallelism_extra}
     if min_data is not None:
         parallelism["minData"] = min_data
+    spec: dict[str, object] = {"image": "trainer:1", "parallelism": parallelism, "worker": {"gpusPerPod": 2}}
+    if training is not None:
+        spec["training"] = training
     return yaml.safe_dump({
         "apiVersion": "topotrain.io/v1alpha1", "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {"image": "trainer:1", "parallelism": parallelism, "worker": {"gpusPerPod": 2}},
+        "metadata": {"name": name}, "spec": spec,
     })
 
 
@@ -94,6 +98,57 @@ def test_scale_resizes_data_parallelism_within_min_data(
     assert below.returncode != 0
     assert "minData must be <= data" in below.stderr
     assert spec_data(kube, namespace, "scaled") == 3
+
+
+def test_scale_refuses_a_data_degree_the_bundled_trainer_rejects(
+    kube: Kube, crd: None, namespace: str
+) -> None:
+    """globalBatch 64 in microbatches of 2 splits over 4 or 2 replicas, never over 3."""
+    create(kube, namespace, job("batch", data=4, min_data=2, training={"globalBatch": 64, "model": "tiny"}))
+    refused = kube.kubectl("-n", namespace, "scale", "tj/batch", "--replicas=3", check=False)
+    assert refused.returncode != 0
+    assert "spec.parallelism.data: Invalid value" in refused.stderr, refused.stderr
+    assert ("spec.parallelism.data is not an allowed data degree: training.globalBatch must be a "
+            "multiple of training.microBatch*data") in refused.stderr, refused.stderr
+    assert spec_data(kube, namespace, "batch") == 4
+    kube.kubectl("-n", namespace, "scale", "tj/batch", "--replicas=2")
+    assert spec_data(kube, namespace, "batch") == 2
+    out = kube.kubectl("-n", namespace, "get", "tj", "batch", "-o", "json").stdout
+    assert json.loads(out)["spec"]["training"] == {"globalBatch": 64, "model": "tiny"}  # kept as given
+
+
+@pytest.mark.parametrize(
+    ("manifest", "field", "message"),
+    [
+        (job("onef", data=4, min_data=None, pipeline=2, training={"globalBatch": 8}),
+         "spec.parallelism.data", "the 1f1b schedule needs at least pipeline microbatches per step"),
+        (job("lowbound", data=4, min_data=3, training={"globalBatch": 64}),
+         "spec.parallelism.minData", "spec.parallelism.minData is not an allowed data degree"),
+        (job("multiple", data=6, min_data=None, dataMultiple=4),
+         "spec.parallelism.data", "must be a multiple of dataMultiple"),
+        (job("listed", data=4, min_data=1, allowedData=[2, 4]),
+         "spec.parallelism.minData", "must be one of allowedData"),
+        (job("zero", data=4, min_data=None, training={"microBatch": 0}),
+         "spec.training.microBatch", "should be greater than or equal to 1"),
+    ],
+)
+def test_create_refuses_data_degrees_that_can_never_run(
+    kube: Kube, crd: None, namespace: str, manifest: str, field: str, message: str
+) -> None:
+    path = Path(kube.kubeconfig).parent / f"manifest-{namespace}.yaml"
+    path.write_text(manifest)
+    result = kube.kubectl("-n", namespace, "create", "-f", str(path), check=False)
+    assert result.returncode != 0
+    assert field in result.stderr and message in result.stderr, result.stderr
+
+
+def test_scale_keeps_to_data_multiple(kube: Kube, crd: None, namespace: str) -> None:
+    create(kube, namespace, job("mine", data=8, min_data=4, dataMultiple=4, training={"lr": 0.1}))
+    refused = kube.kubectl("-n", namespace, "scale", "tj/mine", "--replicas=6", check=False)
+    assert refused.returncode != 0
+    assert "spec.parallelism.data" in refused.stderr and "multiple of dataMultiple" in refused.stderr
+    kube.kubectl("-n", namespace, "scale", "tj/mine", "--replicas=4")
+    assert spec_data(kube, namespace, "mine") == 4
 
 
 @pytest.mark.parametrize(

@@ -113,3 +113,24 @@ def test_wired_into_topotrain_cli(files: dict[str, Path], capsys: pytest.Capture
 
     assert topotrain_main(["plan", *run(files, "-o", "json")]) == 0
     assert json.loads(capsys.readouterr().out)["feasible"] is True
+
+
+def test_plan_chooses_only_allowed_data_degrees(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """5 free nodes hold 2 replicas, but the job allows only 1 or 4: the CLI plans data=1."""
+    par = {"tensor": 8, "pipeline": 2, "data": 4, "minData": 1, "allowedData": [1, 4]}
+    files["job"] = write(tmp_path, "allowed.yaml", {**JOB, "spec": {**JOB["spec"], "parallelism": par}})
+    assert main(run(files, "-o", "json")) == 0
+    assert json.loads(capsys.readouterr().out)["parallelism"] == {"tensor": 8, "pipeline": 2, "data": 1}
+
+
+def test_plan_refuses_a_data_degree_the_trainer_rejects(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = {**JOB["spec"], "training": {"globalBatch": 64}}  # 64 % (2*3): data=3 can never run
+    files["job"] = write(tmp_path, "batch.yaml", {**JOB, "spec": spec})
+    assert main(run(files)) == 2
+    assert "spec.parallelism.data=3 is not an allowed data degree: training.globalBatch=64" in (
+        capsys.readouterr().err
+    )

@@ -3,6 +3,8 @@ TOPOTRAIN_TRAINING_CONFIG, validated against the mesh the operator chose.
 
 An invalid configuration is not worth retrying: the trainer exits with
 EXIT_BAD_CONFIG (78, sysexits' EX_CONFIG) so the operator can tell it apart.
+Which data degrees the batch settings allow is `topotrain.degrees.BatchRule`,
+the rule the operator plans and elastically resizes by, with the same defaults.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, fields
 from typing import Any
+
+from topotrain.degrees import DEFAULT_GLOBAL_BATCH, DEFAULT_MICRO_BATCH, DEFAULT_SCHEDULE, BatchRule
 
 from topotrain_trainer.model import MODEL_CONFIGS
 
@@ -26,8 +30,8 @@ class ConfigError(ValueError):
 class TrainingConfig:
     model: str = "tiny"  # a name in model.MODEL_CONFIGS
     seq_len: int = 64
-    global_batch: int = 16  # samples per optimizer step, fixed whatever the data degree
-    micro_batch: int = 2  # samples per forward/backward on one rank
+    global_batch: int = DEFAULT_GLOBAL_BATCH  # samples per optimizer step, whatever the data degree
+    micro_batch: int = DEFAULT_MICRO_BATCH  # samples per forward/backward on one rank
     lr: float = 1e-3
     min_lr_ratio: float = 0.1  # cosine decay floor, as a fraction of lr
     warmup_steps: int = 10
@@ -36,7 +40,7 @@ class TrainingConfig:
     steps: int = 100
     seed: int = 1234
     dataset: str = "synthetic"  # a directory made by `prepare`, or "synthetic"
-    schedule: str = "1f1b"  # pipeline schedule: 1f1b | gpipe
+    schedule: str = DEFAULT_SCHEDULE  # pipeline schedule: 1f1b | gpipe
     precision: str = "auto"  # auto: bf16 on cuda, fp32 on cpu
     activation_checkpointing: bool = False
     progress_every: int = 10  # steps between progress.json heartbeats and log lines
@@ -91,12 +95,9 @@ class TrainingConfig:
     def check_mesh(self, tensor: int, pipeline: int, data: int) -> None:
         """Reject what cannot run on this (tp, pp, dp) mesh, naming the rule."""
         model = MODEL_CONFIGS[self.model]
-        per_step = self.micro_batch * data
-        if self.global_batch % per_step:
-            raise ConfigError(
-                f"training.globalBatch={self.global_batch} must be a multiple of "
-                f"microBatch*data={self.micro_batch}*{data}"
-            )
+        batch_problem = self.batch_rule(pipeline).problem(data)
+        if batch_problem is not None:
+            raise ConfigError(batch_problem)
         if model.n_heads % tensor or model.n_kv_heads % tensor or model.ffn_dim % tensor:
             raise ConfigError(
                 f"tensor={tensor} must divide the heads ({model.n_heads}), kv heads "
@@ -106,15 +107,14 @@ class TrainingConfig:
             raise ConfigError(
                 f"pipeline={pipeline} exceeds the {model.n_layers} layers of {self.model}"
             )
-        if pipeline > 1 and self.schedule == "1f1b" and self.microbatches(data) < pipeline:
-            raise ConfigError(
-                f"1F1B needs at least pipeline={pipeline} microbatches per step; "
-                f"globalBatch/(microBatch*data)={self.microbatches(data)}"
-            )
+
+    def batch_rule(self, pipeline: int) -> BatchRule:
+        """The data degrees these batch settings allow: the operator's rule (topotrain.degrees)."""
+        return BatchRule(self.global_batch, self.micro_batch, pipeline, self.schedule)
 
     def microbatches(self, data: int) -> int:
         """Gradient-accumulation steps per rank: keeps the global batch fixed as dp changes."""
-        return self.global_batch // (self.micro_batch * data)
+        return self.batch_rule(1).microbatches(data)
 
 
 def _snake(key: str) -> str:

@@ -72,7 +72,7 @@ def largest_degree(request: GangRequest, view: PoolView) -> tuple[int | None, st
     short_of_pods: int | None = None
     slots = sum(n.free // request.gpus_per_pod for n in view.index.nodes)
     for degree in range(request.data, request.lowest_data - 1, -1):
-        if not request.fits_pods(degree):
+        if not request.allows(degree):
             continue
         if slots < request.pods(degree):
             short_of_pods = degree
@@ -85,7 +85,7 @@ def largest_degree(request: GangRequest, view: PoolView) -> tuple[int | None, st
         # arithmetic: building the mesh of a gang that cannot fit would enumerate its ranks
         reason = pods_reason(view.name, view.index, request.pods(short_of_pods), request.gpus_per_pod) or ""
     if not reason:
-        reason = f"no data degree in [{request.lowest_data}, {request.data}] gives whole pods of {request.gpus_per_pod} GPUs"
+        reason = request.rule.explain(request.lowest_data, request.data)
     return None, reason
 
 

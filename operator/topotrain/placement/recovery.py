@@ -50,7 +50,7 @@ def plan_shrink(
     request: GangRequest, inventory: Inventory, current: Mapping[int, str], lost_nodes: Set[str], data: int
 ) -> RecoveryPlan:
     """Re-plan at a smaller data degree, keeping the replicas with the most healthy pods in place."""
-    if not request.lowest_data <= data <= request.data or not request.fits_pods(data):
+    if not request.lowest_data <= data <= request.data or not request.allows(data):
         raise RequestError(f"cannot shrink to data={data}: outside [{request.lowest_data}, {request.data}]")
     old_degree = _degree_of(request, len(current))
     kept = _surviving_replicas(request, current, set(lost_nodes), inventory, old_degree, data)

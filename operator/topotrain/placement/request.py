@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from topotrain.contract import RANK_ORDERS, rank_coords, rank_of
+from topotrain.degrees import DataLimits, DegreeRule, limits_for
 
 if TYPE_CHECKING:
     from topotrain.api import TrainingJobSpec
@@ -34,6 +35,7 @@ class GangRequest:
     tensor_topology: Requirement = "Required"
     pipeline_topology: Requirement = "Preferred"
     data_topology: Requirement = "Preferred"
+    limits: DataLimits = field(default_factory=DataLimits)  # what the trainer needs of the data degree
 
     def __post_init__(self) -> None:
         for name in ("tensor", "pipeline", "data", "gpus_per_pod"):
@@ -62,6 +64,14 @@ class GangRequest:
         """Whole pods at this data degree."""
         return (self.tensor * self.pipeline * data) % self.gpus_per_pod == 0
 
+    @property
+    def rule(self) -> DegreeRule:
+        return DegreeRule(self.tensor, self.pipeline, self.gpus_per_pod, self.limits)
+
+    def allows(self, data: int) -> bool:
+        """An allowed data degree (topotrain.degrees): whole pods and what the trainer needs."""
+        return self.rule.allows(data)
+
     def at_data(self, data: int) -> GangRequest:
         return replace(self, data=data, min_data=min(self.lowest_data, data))
 
@@ -80,6 +90,7 @@ class GangRequest:
             tensor_topology=topo.tensor,
             pipeline_topology=topo.pipeline,
             data_topology=topo.data,
+            limits=limits_for(spec),
         )
 
     @classmethod
