@@ -50,7 +50,7 @@ def refusal_condition(refused: Mapping[str, str]) -> tuple[str, str]:
     code = text.split(":", 1)[0]
     if code == "403" and "exceeded quota" in text:
         reason = Reason.QUOTA_EXCEEDED
-    elif code == "422":
+    elif code in ("400", "422"):
         reason = Reason.POD_SPEC_INVALID
     else:
         reason = Reason.POD_CREATE_REFUSED

@@ -193,7 +193,11 @@ class StatusBuilder:
 
     def pods_refused(self, reason: str, message: str) -> None:
         """The API server refused pods of the gang (the edge reports it after acting)."""
-        self._waiting_phase()
+        st = self.status
+        if st.attempt == 0 and st.restarts == 0:
+            st.phase, st.start_time = "Pending", None  # the first attempt never started
+        else:
+            self._waiting_phase()
         if self.set(C.PODS_CREATED, False, reason, message):
             self._event(WARNING, reason, message)
 
