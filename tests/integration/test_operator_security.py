@@ -45,4 +45,4 @@ def test_a_restricted_namespace_admits_the_gang(cluster: Cluster) -> None:
         mounts = {m.mount_path for m in pod.spec.containers[0].volume_mounts}
         assert "/dev/shm" in mounts
         assert not any("serviceaccount" in m for m in mounts), "an API token was mounted"
-    assert cluster.status("llm")["phase"] == "Running"
+    cluster.wait_phase("llm", "Running")
