@@ -77,7 +77,7 @@ def test_get_shows_the_printer_columns(kube: Kube, crd: None, namespace: str) ->
     create(kube, namespace, job("columns"))
     header = kube.kubectl("-n", namespace, "get", "tj").stdout.splitlines()[0].split()
     assert header == ["NAME", "PHASE", "TP", "PP", "DP", "POOL", "RESTARTS", "CHECKPOINT",
-                      "RECOVERY", "AGE"]
+                      "RECOVERY", "REASON", "AGE"]
     listed = kube.kubectl("-n", namespace, "get", "all").stdout
     assert "trainingjob.topotrain.io/columns" in listed  # category `all`
 
