@@ -17,7 +17,7 @@ from typing import Any
 
 from topotrain.api import TrainingJobSpec
 from topotrain.kube import Kube
-from topotrain.manifests import JobMeta, PodPlan, pod, pod_name, rank_table, service
+from topotrain.manifests import JobMeta, PodPlan, network_policy, pod, pod_name, rank_table, service
 from topotrain.ownership import ForeignObject
 from topotrain.reconcile import Decision, Launch
 from topotrain.settings import Settings
@@ -65,6 +65,8 @@ class Actuator:
     ) -> dict[str, str]:
         settings = self.settings
         self.kube.apply(service(job, settings.master_port))
+        if settings.network_policy:
+            self.kube.apply(network_policy(job))
         if not launch.only:
             self.kube.apply(rank_table(job, spec, launch.attempt, launch.data, launch.pool,
                                        launch.assignments))

@@ -81,6 +81,7 @@ class Kube:
         self.api = api or client.ApiClient()
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
+        self.networking = client.NetworkingV1Api(self.api)
         self.pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="topotrain-kube")
 
     # --- the TrainingJob -----------------------------------------------------
@@ -109,6 +110,7 @@ class Kube:
         read = {
             "Pod": self.core.read_namespaced_pod, "Service": self.core.read_namespaced_service,
             "ConfigMap": self.core.read_namespaced_config_map,
+            "NetworkPolicy": self.networking.read_namespaced_network_policy,
         }[kind]
         try:
             obj = read(name, namespace)
@@ -139,6 +141,7 @@ class Kube:
         patch = {
             "Service": self.core.patch_namespaced_service,
             "ConfigMap": self.core.patch_namespaced_config_map,
+            "NetworkPolicy": self.networking.patch_namespaced_network_policy,
         }[kind]
         try:
             patch(

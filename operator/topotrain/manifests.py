@@ -8,6 +8,8 @@ Naming (documented in docs/operator.md):
   `MASTER_ADDR=<job>-<attempt>-0.<job>.<namespace>.svc` names pod 0 of the
   current attempt and never an older pod that is still terminating.
 - ConfigMap `<job>-ranks`: the rank table of the current attempt.
+- NetworkPolicy `<job>` (when the operator's setting asks): ingress to the
+  job's pods only from the job's pods.
 
 Every child carries `topotrain.io/job`, `app.kubernetes.io/managed-by` and a
 controller owner reference, so deleting the job garbage-collects them.
@@ -114,6 +116,21 @@ def service(job: JobMeta, master_port: int) -> dict[str, Any]:
             "publishNotReadyAddresses": True,
             "selector": {JOB_LABEL: job.name},
             "ports": [{"name": "rendezvous", "port": master_port, "targetPort": master_port}],
+        },
+    }
+
+
+def network_policy(job: JobMeta) -> dict[str, Any]:
+    """NetworkPolicy `<job>`: only the job's own pods reach its pods (rendezvous, collectives,
+    any port); egress is left alone. Policies add up, so another one may open a port more."""
+    gang = {"matchLabels": {JOB_LABEL: job.name}}
+    return {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": _metadata(job, job.name, labels(job.name)),
+        "spec": {
+            "podSelector": gang,
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": gang}]}],
         },
     }
 

@@ -42,6 +42,7 @@ class Settings:
     | checkpoint_poll | TOPOTRAIN_CHECKPOINT_POLL seconds (S3 re-read while Running) | 10 |
     | recovery | TOPOTRAIN_RECOVERY: incremental or recreate | incremental |
     | pod_grace_seconds | TOPOTRAIN_POD_GRACE_SECONDS (deleting a gang) | 30 |
+    | network_policy | TOPOTRAIN_NETWORK_POLICY (true: a NetworkPolicy per job) | false |
     | peering_priority | TOPOTRAIN_PEERING_PRIORITY (highest replica acts) | random per process |
     """
 
@@ -56,6 +57,8 @@ class Settings:
     checkpoint_poll: float = 10.0
     recovery: RecoveryStrategy = "incremental"
     pod_grace_seconds: int = 30
+    # A NetworkPolicy per job letting only the gang's own pods in; the chart turns it on.
+    network_policy: bool = False
     # kopf pauses every replica that sees a peer of equal priority, so replicas
     # must differ: the highest one acts, the others wait to take over.
     peering_priority: int = field(default_factory=lambda: random.SystemRandom().randint(1, 1_000_000))
@@ -93,6 +96,7 @@ class Settings:
             checkpoint_poll=_seconds(env, "TOPOTRAIN_CHECKPOINT_POLL", base.checkpoint_poll),
             recovery=_strategy(recovery, "TOPOTRAIN_RECOVERY"),
             pod_grace_seconds=int(_seconds(env, "TOPOTRAIN_POD_GRACE_SECONDS", base.pod_grace_seconds)),
+            network_policy=_flag(env, "TOPOTRAIN_NETWORK_POLICY", base.network_policy),
             peering_priority=_integer(env, "TOPOTRAIN_PEERING_PRIORITY", base.peering_priority),
             verbose=env.get("TOPOTRAIN_VERBOSE", "").lower() in {"1", "true", "yes"},
         )
@@ -160,6 +164,17 @@ def _port(env: Mapping[str, str], key: str, default: int) -> int:
         return _check_port(int(raw), key)
     except ValueError:
         raise SettingsError(f"{key}={raw!r}: not an integer port") from None
+
+
+def _flag(env: Mapping[str, str], key: str, default: bool) -> bool:
+    raw = env.get(key, "").strip().lower()
+    if not raw:
+        return default
+    if raw in {"1", "true", "yes"}:
+        return True
+    if raw in {"0", "false", "no"}:
+        return False
+    raise SettingsError(f"{key}={raw!r}: must be true or false")
 
 
 def _integer(env: Mapping[str, str], key: str, default: int) -> int:

@@ -113,6 +113,7 @@ WORKLOAD = {
     "configmaps": {"get", "list", "watch", "create", "patch", "delete"},
     "events": {"create", "patch"},
     "events.k8s.io/events": {"create", "patch"},
+    "networking.k8s.io/networkpolicies": {"get", "create", "patch"},  # networkPolicy.enabled
 }
 # The operator disables kopf's cluster scanning: no namespaces, no CRDs.
 CLUSTER_READ = {"nodes": {"get", "list", "watch"}}
@@ -232,6 +233,21 @@ def test_non_default_values_reach_the_pod(helm: Path, tmp_path: Path) -> None:
     # Two replicas spread over hosts unless affinity is given.
     anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert anti[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+
+
+def test_per_job_network_policies_are_on_by_default_and_can_be_turned_off(
+    helm: Path, tmp_path: Path
+) -> None:
+    def env(docs: list[dict[str, Any]]) -> dict[str, str]:
+        (container,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e["value"] for e in container["env"]}
+
+    default = render(helm, tmp_path)
+    assert env(default)["TOPOTRAIN_NETWORK_POLICY"] == "true"
+    assert ("cluster", "networking.k8s.io/networkpolicies", "patch", "*") in grants(default)
+    off = render(helm, tmp_path, {"networkPolicy": {"enabled": False}})
+    assert env(off)["TOPOTRAIN_NETWORK_POLICY"] == "false"
+    assert not any("networkpolicies" in res for _, res, _, _ in grants(off)), "no rule it does not use"
 
 
 def test_standalone_mode_has_no_peering(helm: Path, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from topotrain.manifests import (
     GANG_GATE,
     JobMeta,
     PodPlan,
+    network_policy,
     parse_rank_table,
     pod,
     rank_rows,
@@ -155,3 +156,17 @@ def test_a_small_gang_keeps_its_readable_rank_table() -> None:
     assert "binaryData" not in cm and "ranksOmitted" not in cm["data"]
     assert cm["data"]["ranks.tsv"].splitlines()[0] == "rank\tpod\tlocal\ttp\tpp\tdp\tnode"
     assert len(cm["data"]["ranks.tsv"].splitlines()) == 9
+
+
+def test_the_network_policy_lets_only_the_gang_in() -> None:
+    policy = network_policy(JOB)
+    assert (policy["kind"], policy["metadata"]["name"], policy["metadata"]["namespace"]) == (
+        "NetworkPolicy", "llm", "team")
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    gang = {"matchLabels": {"topotrain.io/job": "llm"}}
+    p = pod(JOB, spec(), PodPlan(0, 0, "n", 2, None))
+    assert p["metadata"]["labels"].items() >= gang["matchLabels"].items(), "the policy selects the pods"
+    assert policy["spec"]["podSelector"] == gang
+    assert policy["spec"]["policyTypes"] == ["Ingress"], "egress stays open (S3, DNS)"
+    # one rule, from the gang's pods, with no port list: every port, for them alone
+    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": gang}]}]

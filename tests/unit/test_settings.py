@@ -29,6 +29,9 @@ def test_defaults() -> None:
         ({"TOPOTRAIN_RECOVERY": "recreate"}, [], "recovery", "recreate"),
         ({}, ["--recovery", "recreate"], "recovery", "recreate"),
         ({"TOPOTRAIN_MASTER_PORT": "23456"}, [], "master_port", 23456),
+        ({}, [], "network_policy", False),
+        ({"TOPOTRAIN_NETWORK_POLICY": "true"}, [], "network_policy", True),
+        ({"TOPOTRAIN_NETWORK_POLICY": "0"}, [], "network_policy", False),
     ],
 )
 def test_env_and_flags(env: dict[str, str], argv: list[str], field: str, value: object) -> None:
@@ -43,7 +46,8 @@ def test_label_overrides() -> None:
 @pytest.mark.parametrize(
     "env",
     [{"TOPOTRAIN_METRICS_PORT": "http"}, {"TOPOTRAIN_HEALTH_PORT": "70000"},
-     {"TOPOTRAIN_RECONCILE_INTERVAL": "-1"}, {"TOPOTRAIN_RECOVERY": "fast"}],
+     {"TOPOTRAIN_RECONCILE_INTERVAL": "-1"}, {"TOPOTRAIN_RECOVERY": "fast"},
+     {"TOPOTRAIN_NETWORK_POLICY": "on"}],
 )
 def test_bad_values_name_the_variable(env: dict[str, str]) -> None:
     with pytest.raises(SettingsError, match=next(iter(env))):

@@ -107,6 +107,12 @@ used by the operator; docs/helm.md ("RBAC review") says where.
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create, patch]
+{{- if .Values.networkPolicy.enabled }}
+# The per-job NetworkPolicy: read it (never take over a user's), server-side apply it.
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create, patch]
+{{- end }}
 {{- end }}
 
 {{/* Peering rules: list/watch the kind, touch only the release's own object. */}}
