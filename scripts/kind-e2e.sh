@@ -1,131 +1,141 @@
 #!/usr/bin/env bash
-# The end-to-end suite on kind, for machines with Docker (docs/kind.md).
-# It cannot run on the project's CI machines (no Docker); the suite itself is
-# the same one `make test` runs on the testbed, through KUBECONFIG.
-#
-#   1. kind cluster from kind-config.yaml (workers labelled with blocks, racks
-#      and NVLink domains)
-#   2. MinIO from its upstream image as the S3 store (pulled by Docker, never
-#      built or vendored here), exposed on 127.0.0.1:30900
-#   3. KWOK controller in the cluster with the testbed's node and pod stages
-#      (including the chaos stages used for fault injection), and KWOK GPU
-#      nodes from examples/clusters/tiny.yaml
-#   4. operator and trainer images built and loaded into kind; a smoke check
-#      runs each on a real kind worker
-#   5. pytest tests/e2e with KUBECONFIG and the MinIO endpoint
-#
-# Environment: KIND_CLUSTER (default topotrain), KEEP_CLUSTER=1 to keep it.
+# The real-data-plane suite (docs/kind.md): one entry point that builds, creates,
+# tests and always cleans up.
+#   1. a Docker engine (scripts/kind/engine.sh installs Debian's docker.io and
+#      starts dockerd when none answers)
+#   2. binaries and images built locally, cached by version under
+#      $TOPOTRAIN_CACHE (scripts/kind/build-bins.sh, scripts/kind/images.sh);
+#      nothing is pulled
+#   3. a kind cluster from kind-config.yaml (scripts/kind/cluster.sh): real
+#      kubelets, containerd, pod network and cluster DNS in node containers
+#   4. in the cluster: the S3 server (versitygw image) and the chart installed
+#      by helm with the locally built operator image, so the operator runs as
+#      its Deployment; the trainer image loaded onto the workers
+#   5. pytest tests/kind against it
+#   6. the cluster deleted; the host's kernel settings compared with those
+#      before the run, and no container, network or volume of ours left
+# Extra arguments go to pytest. Environment: KIND_CLUSTER (default topotrain),
+# KEEP_CLUSTER=1 keeps the cluster (and skips the after-run checks).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-cluster=${KIND_CLUSTER:-topotrain}
-# shellcheck source=/dev/null
-source testbed/versions.env
-minio_image=${MINIO_IMAGE:-quay.io/minio/minio:RELEASE.2025-09-07T16-13-09Z}
-minio_user=topotrain
-minio_password=topotrain-kind-secret
+# shellcheck source=scripts/kind/lib.sh
+source scripts/kind/lib.sh
+export KIND_CLUSTER=${KIND_CLUSTER:-topotrain}
+# kind's node network, ours alone: deleted with the cluster.
+export KIND_EXPERIMENTAL_DOCKER_NETWORK=${KIND_EXPERIMENTAL_DOCKER_NETWORK:-topotrain-$KIND_CLUSTER}
 version=$(sed -nE 's/^version = "(.*)"/\1/p' pyproject.toml)
+operator_image=ghcr.io/topotrain/operator:$version
+trainer_image=ghcr.io/topotrain/trainer:$version-cpu
+s3_image=$repo/s3:$VERSITYGW_VERSION
+s3_key=topotrain-kind
+s3_secret=topotrain-kind-secret
+jobs_namespace=topotrain-kind
+run_start=$SECONDS
 
-log() { printf '[kind-e2e] %s\n' "$*" >&2; }
-need() { command -v "$1" >/dev/null || { log "needs $1 on PATH ($2)"; exit 1; }; }
-need docker "the kind path runs nodes as containers"
-need kind "https://kind.sigs.k8s.io"
-
+scripts/kind/engine.sh
 venv=$(scripts/bootstrap.sh trainer | tail -n 1)
-bin=$(testbed/build.sh kubernetes kwok helm | tail -n 1)   # kubectl, helm and KWOK's stages, same versions as the testbed
-export PATH="$venv/bin:$bin:$PATH"
-stages="${TOPOTRAIN_CACHE:-$HOME/.cache/topotrain}/share/kwok-stages-$KWOK_VERSION.yaml"
+tb_bin=$(testbed/build.sh kubernetes etcd helm versitygw | tail -n 1)
+kind_bin=$(timed "kind binaries" scripts/kind/build-bins.sh | tail -n 1)
+export PATH="$venv/bin:$kind_bin:$tb_bin:$PATH"
+export PYTHONPATH="$root/operator:$root/trainer_image:$root${PYTHONPATH:+:$PYTHONPATH}"
 
-kubeconfig="$root/.kind/kubeconfig"
-mkdir -p "$root/.kind"
+timed "images" scripts/kind/images.sh
+log "smoke: the trainer image's --help and a three-step training in one process"
+docker run --rm "$trainer_image" --help >/dev/null
+docker run --rm -e TOPOTRAIN_TRAINING_CONFIG='{"model":"tiny","steps":3,"globalBatch":2,"microBatch":1,"metricsPort":0}' \
+  "$trainer_image" 2>&1 | tail -n 2
+docker run --rm "$operator_image" --help >/dev/null
+
+state="$kind_cache/clusters/$KIND_CLUSTER"
+mkdir -p "$state"
+python3 tests/kind/host_sysctl.py save "$state/host-sysctl-before.json"
+docker volume ls -q | sort > "$state/volumes-before"
 cleanup() {
-  if [ "${KEEP_CLUSTER:-0}" != 1 ]; then
-    log "deleting kind cluster $cluster (KEEP_CLUSTER=1 keeps it)"
-    kind delete cluster --name "$cluster" >/dev/null 2>&1 || true
+  local code=$?
+  if [ "${KEEP_CLUSTER:-0}" = 1 ]; then
+    log "keeping cluster $KIND_CLUSTER (KUBECONFIG=$kubeconfig)"
+    exit $code
   fi
+  scripts/kind/cluster.sh delete || code=1
+  docker network rm "$KIND_EXPERIMENTAL_DOCKER_NETWORK" >/dev/null 2>&1 || true
+  local left
+  left=$(docker ps -a -q --filter "label=io.x-k8s.kind.cluster=$KIND_CLUSTER"; \
+    docker network ls -q --filter "name=^$KIND_EXPERIMENTAL_DOCKER_NETWORK\$"; \
+    docker volume ls -q | sort | comm -13 "$state/volumes-before" -)
+  if [ -n "$left" ]; then
+    log "left behind after kind delete: $left"
+    code=1
+  fi
+  if ! python3 tests/kind/host_sysctl.py compare "$state/host-sysctl-before.json"; then
+    log "the run changed the host's kernel settings"
+    code=1
+  fi
+  log "kind-e2e finished in $((SECONDS - run_start))s (exit $code)"
+  exit $code
 }
 trap cleanup EXIT
+kubeconfig=$(scripts/kind/cluster.sh create | tail -n 1)
+export KUBECONFIG=$kubeconfig
+workers=$(kubectl get nodes -l nvidia.com/gpu.product -o jsonpath='{.items[*].metadata.name}' | tr ' ' ',')
+timed "kind load (trainer, operator, s3 onto $workers)" \
+  kind load docker-image --name "$KIND_CLUSTER" --nodes "$workers" "$trainer_image" "$operator_image" "$s3_image" >&2
 
-if ! kind get clusters 2>/dev/null | grep -qx "$cluster"; then
-  log "creating kind cluster $cluster"
-  kind create cluster --name "$cluster" --config kind-config.yaml --kubeconfig "$kubeconfig" --wait 180s
-else
-  kind get kubeconfig --name "$cluster" > "$kubeconfig"
-fi
-export KUBECONFIG="$kubeconfig"
-
-# Real pods (MinIO, KWOK, the smoke checks) must not land on KWOK nodes.
-real_nodes='{"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"type","operator":"NotIn","values":["kwok"]}]}]}}}'
-
-log "deploying MinIO ($minio_image) as the S3 store"
-kubectl create namespace minio --dry-run=client -o yaml | kubectl apply -f -
-kubectl -n minio apply -f - <<YAML
+log "S3 server ($s3_image) in namespace topotrain-s3"
+kubectl create namespace topotrain-s3 --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+kubectl -n topotrain-s3 apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Secret
+metadata: {name: s3-root}
+stringData: {access: $s3_key, secret: $s3_secret}
+---
 apiVersion: apps/v1
 kind: Deployment
-metadata: {name: minio}
+metadata: {name: s3}
 spec:
-  selector: {matchLabels: {app: minio}}
+  selector: {matchLabels: {app: s3}}
   template:
-    metadata: {labels: {app: minio}}
+    metadata: {labels: {app: s3}}
     spec:
-      affinity: $real_nodes
       containers:
-        - name: minio
-          image: $minio_image
-          args: [server, /data, --address, ":9000"]
+        - name: versitygw
+          image: $s3_image
+          imagePullPolicy: Never
+          args: [--access, \$(ACCESS), --secret, \$(SECRET), --region, us-east-1, --port, ":7070", posix, /data]
           env:
-            - {name: MINIO_ROOT_USER, value: $minio_user}
-            - {name: MINIO_ROOT_PASSWORD, value: $minio_password}
-          ports: [{containerPort: 9000}]
-          readinessProbe: {httpGet: {path: /minio/health/ready, port: 9000}}
+            - {name: ACCESS, valueFrom: {secretKeyRef: {name: s3-root, key: access}}}
+            - {name: SECRET, valueFrom: {secretKeyRef: {name: s3-root, key: secret}}}
+          ports: [{containerPort: 7070}]
+          readinessProbe: {tcpSocket: {port: 7070}, periodSeconds: 2}
           volumeMounts: [{name: data, mountPath: /data}]
       volumes: [{name: data, emptyDir: {}}]
 ---
 apiVersion: v1
 kind: Service
-metadata: {name: minio}
+metadata: {name: s3}
 spec:
-  type: NodePort
-  selector: {app: minio}
-  ports: [{port: 9000, targetPort: 9000, nodePort: 30900}]
+  selector: {app: s3}
+  ports: [{port: 7070, targetPort: 7070}]
 YAML
-kubectl -n minio rollout status deployment/minio --timeout=300s
+timed "S3 server available" kubectl -n topotrain-s3 rollout status deployment/s3 --timeout=180s >&2
 
-log "deploying the KWOK controller $KWOK_VERSION with the testbed's stages"
-kubectl apply -f "https://github.com/kubernetes-sigs/kwok/releases/download/$KWOK_VERSION/kwok.yaml"
-kubectl -n kube-system patch deployment kwok-controller --type=merge -p "{\"spec\":{\"template\":{\"spec\":{\"affinity\":$real_nodes}}}}"
-kubectl -n kube-system rollout status deployment/kwok-controller --timeout=300s
-kubectl apply -f "$stages"
-python - <<PY
-import sys
-sys.path.insert(0, "$root")
-from testbed.nodes import apply_topology, wait_nodes_ready
-names = apply_topology("$kubeconfig", "$root/examples/clusters/tiny.yaml")
-wait_nodes_ready("$kubeconfig", names, timeout=180)
-print(f"{len(names)} KWOK GPU nodes Ready")
-PY
+log "the chart, with the operator image $operator_image"
+kubectl create namespace "$jobs_namespace" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+kubectl -n "$jobs_namespace" create secret generic s3-credentials \
+  --from-literal=AWS_ACCESS_KEY_ID=$s3_key --from-literal=AWS_SECRET_ACCESS_KEY=$s3_secret \
+  --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+timed "helm install" helm install topotrain charts/topotrain -n topotrain-system --create-namespace \
+  --set image.pullPolicy=Never --set "image.tag=$version" \
+  --set-json "rbac.checkpointSecrets=[{\"namespace\":\"$jobs_namespace\",\"names\":[\"s3-credentials\"]}]" \
+  --set operator.reconcileIntervalSeconds=2 --set operator.checkpointPollSeconds=2 \
+  --wait --timeout 180s >&2
 
-log "building and loading the operator and trainer images ($version)"
-docker build -t "ghcr.io/topotrain/operator:$version" -f operator/Dockerfile .
-docker build -t "ghcr.io/topotrain/trainer:$version" -f trainer_image/Dockerfile .
-kind load docker-image --name "$cluster" "ghcr.io/topotrain/operator:$version" "ghcr.io/topotrain/trainer:$version"
-
-log "smoke: the chart's operator Deployment becomes Available on a real worker"
-helm install topotrain-smoke charts/topotrain -n topotrain-smoke --create-namespace \
-  --set image.pullPolicy=Never --set-json "affinity=$real_nodes" --wait --timeout 300s
-helm uninstall topotrain-smoke -n topotrain-smoke --wait
-kubectl delete namespace topotrain-smoke --wait=false
-
-log "smoke: the trainer image trains a few steps on a real worker (one process)"
-kubectl -n minio run trainer-smoke --restart=Never --image="ghcr.io/topotrain/trainer:$version" \
-  --image-pull-policy=Never --overrides="{\"spec\":{\"affinity\":$real_nodes}}" \
-  --env=TOPOTRAIN_TRAINING_CONFIG='{"model":"tiny","steps":3,"metricsPort":0}'
-kubectl -n minio wait pod/trainer-smoke --for=jsonpath='{.status.phase}'=Succeeded --timeout=600s
-kubectl -n minio logs trainer-smoke | tail -n 3
-kubectl -n minio delete pod trainer-smoke --wait=false
-
-log "running the end-to-end suite against kind"
-export TOPOTRAIN_E2E_S3_ENDPOINT=http://127.0.0.1:30900
-export TOPOTRAIN_E2E_S3_ACCESS_KEY=$minio_user
-export TOPOTRAIN_E2E_S3_SECRET_KEY=$minio_password
-python -m pytest tests/e2e -m e2e "$@"
+export TOPOTRAIN_KIND=1
+export TOPOTRAIN_KIND_CLUSTER=$KIND_CLUSTER
+export TOPOTRAIN_KIND_NAMESPACE=$jobs_namespace
+export TOPOTRAIN_KIND_TRAINER_IMAGE=$trainer_image
+export TOPOTRAIN_KIND_S3_ENDPOINT=http://s3.topotrain-s3.svc.cluster.local:7070
+export TOPOTRAIN_KIND_S3_SECRET=s3-credentials
+export TOPOTRAIN_KIND_OPERATOR_NAMESPACE=topotrain-system
+export TOPOTRAIN_KIND_HOST_SYSCTL="$state/host-sysctl-before.json"
+timed "pytest tests/kind" python -m pytest tests/kind -m kind -p no:cacheprovider "$@"

@@ -81,7 +81,7 @@ node_base() {
   for b in containerd ctr containerd-shim-runc-v2 crictl kubeadm kubelet; do cp "$kind_bin/$b" "$ctx/bin/"; done
   cp "$tb_bin/kubectl" "$ctx/bin/"
   cp "$kind_root/scripts/kind/node/topotrain-node-init" "$ctx/"
-  key=$(key_of "$(image_id "$debian")" "$KIND_VERSION" "$ctx"/bin/* "$ctx/topotrain-node-init" node-base-v1 \
+  key=$(key_of "$(image_id "$debian")" "$KIND_VERSION" "$ctx"/bin/* "$ctx/topotrain-node-init" node-base-v2 "$KUBERNETES_VERSION" \
     "$repo" "$PAUSE_VERSION")
   tag="$repo/kind-node-base:$KUBERNETES_VERSION"
   have_image "$tag" "$key" && { echo "$tag"; return 0; }
@@ -105,6 +105,7 @@ COPY --chmod=0755 bin/containerd bin/ctr bin/containerd-shim-runc-v2 bin/crictl 
 COPY --chmod=0755 bin/kubeadm bin/kubelet bin/kubectl /usr/bin/
 COPY --chmod=0755 topotrain-node-init /usr/local/bin/topotrain-node-init
 RUN mkdir -p /opt/cni/bin /etc/kubernetes/manifests && ln -s /usr/lib/cni/* /opt/cni/bin/ \
+ && echo "$KUBERNETES_VERSION" > /kind/version \
  && systemctl enable kubelet.service containerd.service undo-mount-hacks.service \
  && systemctl mask systemd-binfmt.service \
  && ctr oci spec \

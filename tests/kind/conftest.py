@@ -1,0 +1,144 @@
+"""The real-data-plane suite: a kind cluster built by scripts/kind-e2e.sh.
+
+Everything here runs on real kubelets and containers: the operator as the
+chart's Deployment, the trainer in its image, S3 (versitygw) as a pod, the
+pods' rendezvous over the pod network through the headless Service's DNS
+name. scripts/kind-e2e.sh sets TOPOTRAIN_KIND and the TOPOTRAIN_KIND_* values
+below; without them (an ordinary `pytest tests`) every test here is skipped,
+because no kind cluster was built for this run. Every test is marked `kind`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testbed.kube import Kube
+
+HERE = Path(__file__).parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "kind: needs the kind cluster of scripts/kind-e2e.sh")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    skip = pytest.mark.skip(reason="no kind cluster (scripts/kind-e2e.sh runs this suite)")
+    for item in items:
+        if HERE in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.kind)
+            if not os.environ.get("TOPOTRAIN_KIND"):
+                item.add_marker(skip)
+
+
+@dataclass(frozen=True)
+class KindEnv:
+    """What scripts/kind-e2e.sh set up."""
+
+    cluster: str
+    namespace: str  # where the jobs run; its S3 credentials Secret is granted to the operator
+    trainer_image: str
+    s3_endpoint: str  # as pods see it
+    s3_secret: str
+    operator_namespace: str
+    host_sysctl_before: Path
+
+
+@pytest.fixture(scope="session")
+def kind_env() -> KindEnv:
+    e = os.environ
+    return KindEnv(
+        cluster=e["TOPOTRAIN_KIND_CLUSTER"],
+        namespace=e["TOPOTRAIN_KIND_NAMESPACE"],
+        trainer_image=e["TOPOTRAIN_KIND_TRAINER_IMAGE"],
+        s3_endpoint=e["TOPOTRAIN_KIND_S3_ENDPOINT"],
+        s3_secret=e["TOPOTRAIN_KIND_S3_SECRET"],
+        operator_namespace=e["TOPOTRAIN_KIND_OPERATOR_NAMESPACE"],
+        host_sysctl_before=Path(e["TOPOTRAIN_KIND_HOST_SYSCTL"]),
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class S3Access:
+    """The in-cluster S3 server, reached from this machine through kubectl port-forward."""
+
+    endpoint: str
+    access_key: str
+    secret_key: str
+
+    def client(self) -> Any:
+        import boto3
+
+        return boto3.client(
+            "s3", endpoint_url=self.endpoint, aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key, region_name="us-east-1",
+        )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def s3_access(kube: Kube, kind_env: KindEnv) -> Iterator[S3Access]:
+    import base64
+
+    secret = kube.core.read_namespaced_secret(kind_env.s3_secret, kind_env.namespace)
+    data = {k: base64.b64decode(v).decode() for k, v in secret.data.items()}
+    port = _free_port()
+    forward = subprocess.Popen(
+        ["kubectl", "--kubeconfig", str(kube.kubeconfig), "-n", "topotrain-s3",
+         "port-forward", "service/s3", f"{port}:7070"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    access = S3Access(f"http://127.0.0.1:{port}", data["AWS_ACCESS_KEY_ID"], data["AWS_SECRET_ACCESS_KEY"])
+    try:
+        wait_for(lambda: _answers(access), 30, "kubectl port-forward to the S3 service")
+        yield access
+    finally:
+        forward.terminate()
+        forward.wait(10)
+
+
+def _answers(access: S3Access) -> bool:
+    try:
+        access.client().list_buckets()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture
+def bucket(s3_access: S3Access) -> str:
+    """A fresh bucket for one test (kept for the post-mortem; the cluster goes at the end)."""
+    name = f"kind-{uuid.uuid4().hex[:10]}"
+    s3_access.client().create_bucket(Bucket=name)
+    return name
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str, every: float = 1.0) -> Any:
+    """`check()`'s first truthy value within `timeout` seconds, else AssertionError."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(every)
+
+
+def kubectl_json(kube: Kube, *args: str) -> Any:
+    return json.loads(kube.kubectl(*args, "-o", "json").stdout)
