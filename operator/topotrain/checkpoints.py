@@ -3,6 +3,7 @@
     <uri>/<namespace>/<name>/step-0000000042/        DCP shard files + .metadata
     <uri>/<namespace>/<name>/step-0000000042/COMMITTED  JSON {step, mesh, bytes, time}, last
     <uri>/<namespace>/<name>/progress.json           JSON {step, time, attempt}, heartbeat
+    <uri>/<namespace>/<name>/owner.json              JSON {uid, created}: whose run this is
 
 A checkpoint exists only once its COMMITTED marker exists; everything else
 under a step directory is a partial upload. boto3 only (no torch), so the
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
 COMMITTED = "COMMITTED"
 PROGRESS = "progress.json"
+OWNER = "owner.json"  # the TrainingJob (by UID) whose checkpoints these are; the operator writes it
 STEP_PREFIX = "step-"
 _STEP_RE = re.compile(r"^step-(\d{10})$")
 
@@ -88,6 +90,20 @@ class Progress:
     step: int
     time: datetime  # UTC
     attempt: int
+
+
+@dataclass(frozen=True)
+class PrefixOwner:
+    """owner.json: the TrainingJob whose checkpoints live under a job prefix, by its UID.
+
+    `resumed_uid`/`resumed_step`: set when that job started from another run's checkpoints
+    (spec.checkpoint.resumePolicy: Always); `resumed_uid` is "" when that run left no record.
+    """
+
+    uid: str
+    created: datetime  # UTC, when the operator claimed the prefix
+    resumed_uid: str | None = None
+    resumed_step: int | None = None
 
 
 class CheckpointStore:
@@ -242,6 +258,28 @@ class CheckpointStore:
             self._key(PROGRESS), {"step": step, "time": _format_time(moment), "attempt": attempt}
         )
         return Progress(step, moment, attempt)
+
+    # --- owner record (written by the operator, never by the trainer) -------
+
+    def read_owner(self) -> PrefixOwner | None:
+        doc = self._read_json(self._key(OWNER))
+        if doc is None:
+            return None
+        try:
+            step = doc.get("resumedStep")
+            return PrefixOwner(
+                uid=str(doc["uid"]), created=_parse_time(str(doc["created"])),
+                resumed_uid=None if doc.get("resumedUid") is None else str(doc["resumedUid"]),
+                resumed_step=None if step is None else int(step),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise CheckpointError(f"{self.uri}/{OWNER} is malformed: {err}") from err
+
+    def write_owner(self, owner: PrefixOwner) -> None:
+        doc: dict[str, Any] = {"uid": owner.uid, "created": _format_time(owner.created)}
+        if owner.resumed_step is not None:
+            doc.update(resumedUid=owner.resumed_uid or "", resumedStep=owner.resumed_step)
+        self._write_json(self._key(OWNER), doc)
 
     # --- shard files --------------------------------------------------------
 

@@ -1,19 +1,34 @@
-"""What a pass reads besides the watch: the checkpoint Secret and the checkpoint store.
+"""What a pass reads besides the watch: the checkpoint Secret and store, the job's children.
 
 Both are cached for `checkpoint_poll` seconds while a job runs quietly; a pass
 that is about to start pods reads the store afresh, so the resume step is the
 newest committed one at that moment.
+
+Identity is by UID (ownership.py): the checkpoint prefix's owner record is read
+with the store, and claimed for this job on its first start; the Service and
+the rank-table ConfigMap must be absent or this job's. Either problem becomes
+reconcile's `config_problem`, which keeps the gang from being launched and
+says why in ConfigValid.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from topotrain.api import TrainingJobSpec
-from topotrain.checkpoints import CheckpointStore, job_prefix, operator_store
+from topotrain.checkpoints import CheckpointStore, PrefixOwner, job_prefix, operator_store
 from topotrain.kube import Kube, SecretProblem
+from topotrain.ownership import (
+    ForeignObject,
+    ResumePolicy,
+    claim_checkpoints,
+    controller_owner,
+    owned_by,
+)
+from topotrain.reconcile import RankTable
 from topotrain.reconcile_status import CheckpointView
 from topotrain.settings import Settings
 from topotrain.snapshot import JobKey
@@ -26,9 +41,12 @@ Problem = tuple[str, str] | None
 class Observer:
     """Reads (and briefly caches) one job's Secret and checkpoint store."""
 
-    def __init__(self, kube: Kube, settings: Settings) -> None:
+    def __init__(self, kube: Kube, settings: Settings, uid: str = "") -> None:
         self.kube = kube
         self.settings = settings
+        self.uid = uid  # the TrainingJob's metadata.uid; "" skips the ownership checks
+        self.took_over: PrefixOwner | None = None  # our owner record, when it names another run
+        self._service_ours = False
         self._stores: dict[tuple[str, str | None, str], CheckpointStore] = {}
         self._cached: tuple[float, Problem, CheckpointView | None] | None = None
 
@@ -46,11 +64,12 @@ class Observer:
         cached = self._cached
         if cached and not force and quiet and time.monotonic() - cached[0] < self.settings.checkpoint_poll:
             return cached[1], cached[2]
-        problem, view = self._read(key, spec)
+        problem, view = self._read(key, spec, status.start_time is not None or status.attempt > 0)
         self._cached = (time.monotonic(), problem, view)
         return problem, view
 
-    def _read(self, key: JobKey, spec: TrainingJobSpec) -> tuple[Problem, CheckpointView | None]:
+    def _read(self, key: JobKey, spec: TrainingJobSpec, started: bool
+              ) -> tuple[Problem, CheckpointView | None]:
         ckpt = spec.checkpoint
         assert ckpt is not None
         namespace, name = key
@@ -65,9 +84,12 @@ class Observer:
         try:
             latest = store.latest_committed()
             progress = store.read_progress()
+            refused = self._claim(store, ckpt.resume_policy, started, latest.step if latest else None)
         except Exception as exc:  # boto3 raises many kinds; all mean "unknown now"
             log.warning("checkpoint store of %s/%s unreadable: %s", namespace, name, exc)
             return None, CheckpointView(reachable=False, error=_short(exc))
+        if refused is not None:
+            return refused, CheckpointView()  # another run's steps are not this job's checkpoint
         return None, CheckpointView(
             step=latest.step if latest else None, uri=latest.uri if latest else None,
             time=latest.time if latest else None,
@@ -75,6 +97,37 @@ class Observer:
             progress_time=progress.time if progress else None,
             progress_attempt=progress.attempt if progress else None,
         )
+
+    def _claim(self, store: CheckpointStore, policy: ResumePolicy, started: bool,
+               latest: int | None) -> Problem:
+        """Record this job as the prefix's owner, or say why it may not use the prefix."""
+        if not self.uid:
+            return None
+        claim = claim_checkpoints(uid=self.uid, started=started, policy=policy, owner=store.read_owner(),
+                                  latest_step=latest, prefix=store.uri, now=datetime.now(UTC))
+        if claim.write is not None:
+            store.write_owner(claim.write)
+        self.took_over = claim.took_over
+        return claim.problem
+
+    def children(self, key: JobKey, recheck: bool = False) -> tuple[Problem, RankTable | None]:
+        """(ownership problem, rank table): the Service and the ConfigMap are absent or ours.
+
+        The Service is read until it is seen to be ours, and again when `recheck` (the
+        Actuator met a foreign object last pass); the rank table is read every pass anyway.
+        """
+        namespace, name = key
+        uid = self.uid or None
+        self._service_ours = self._service_ours and not recheck
+        try:
+            if uid is not None and not self._service_ours:
+                meta = self.kube.existing("Service", namespace, name)
+                if meta is not None and not owned_by(meta, uid):
+                    raise ForeignObject("Service", namespace, name, controller_owner(meta), name)
+                self._service_ours = meta is not None
+            return None, self.kube.rank_table(namespace, name, uid)
+        except ForeignObject as exc:
+            return exc.problem, None
 
     def _store(self, prefix: str, endpoint: str | None, access: str, secret: str) -> CheckpointStore:
         key = (prefix, endpoint, access + ":" + secret)

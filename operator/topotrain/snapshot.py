@@ -5,6 +5,8 @@ The kopf indexes keep a slim copy of every GPU pod and node (`slim_pod`,
 planner's inventory. Pods the operator created but the watch has not shown
 yet sit in the `Ledger`, so a plan made a moment later (for another job, or
 the same one) sees their GPUs as taken: two plans never double-book a node.
+A job's pods are those with its label and its UID as controller (`belongs`):
+a deleted namesake's terminating pods are someone else's, holding their GPUs.
 """
 
 from __future__ import annotations

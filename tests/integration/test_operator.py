@@ -98,7 +98,8 @@ def test_deleting_a_job_removes_children_and_keeps_checkpoints(
     cluster.create_secret(s3)
     store = cluster.store(s3, s3_bucket, "gone")
     store.write_commit(100, {"tensor": 8, "pipeline": 1, "data": 2}, 1)
-    cluster.apply(cluster.manifest("gone", tensor=8, pipeline=1, data=2, bucket=s3_bucket, s3=s3))
+    cluster.apply(cluster.manifest("gone", tensor=8, pipeline=1, data=2, bucket=s3_bucket, s3=s3,
+                                   checkpoint={"resumePolicy": "Always"}))  # seeded above
     status = cluster.wait_phase("gone", "Running")
     assert status["checkpoint"]["step"] == 100
     cluster.delete_job("gone")

@@ -37,8 +37,8 @@ def test_pod_failure_restarts_gang_from_highest_committed_step(
     cluster.add_nodes(racks=2, per_rack=2)
     cluster.create_secret(s3)
     store = cluster.store(s3, s3_bucket, "llm")
-    store.write_commit(100, MESH, 10)
-    cluster.apply(cluster.manifest("llm", bucket=s3_bucket, s3=s3))
+    store.write_commit(100, MESH, 10)  # seeded, so the job must opt in to resuming it
+    cluster.apply(cluster.manifest("llm", bucket=s3_bucket, s3=s3, checkpoint={"resumePolicy": "Always"}))
     first = wait_for("attempt 0 Running", lambda: cluster.running_gang("llm", 0, 4))
     assert {env(p)["TOPOTRAIN_RESUME_STEP"] for p in first} == {"100"}
 
