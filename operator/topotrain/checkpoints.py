@@ -2,7 +2,7 @@
 
     <uri>/<namespace>/<name>/step-0000000042/        DCP shard files + .metadata
     <uri>/<namespace>/<name>/step-0000000042/COMMITTED  JSON {step, mesh, bytes, time}, last
-    <uri>/<namespace>/<name>/progress.json           JSON {step, time, attempt}, heartbeat
+    <uri>/<namespace>/<name>/progress.json           JSON {step, time, attempt, start?}, heartbeat
     <uri>/<namespace>/<name>/owner.json              JSON {uid, created}: whose run this is
 
 A checkpoint exists only once its COMMITTED marker exists; everything else
@@ -90,6 +90,35 @@ class Progress:
     step: int
     time: datetime  # UTC
     attempt: int
+    start: AttemptStart | None = None
+
+
+@dataclass(frozen=True)
+class AttemptStart:
+    """How the attempt that writes progress.json started (the trainer's clock, UTC).
+
+    From these the operator splits a recovery's time to first step into phases.
+    """
+
+    process: datetime  # the trainer process began (before imports and rendezvous)
+    first_step: int  # the first step this attempt completed
+    first_step_time: datetime
+    load_seconds: float = 0.0  # restoring the checkpoint
+
+    def to_json(self) -> dict[str, object]:
+        return {"process": _format_time(self.process), "firstStep": self.first_step,
+                "firstStepTime": _format_time(self.first_step_time),
+                "loadSeconds": round(self.load_seconds, 3)}
+
+    @classmethod
+    def from_json(cls, doc: object) -> AttemptStart | None:
+        if not isinstance(doc, dict):
+            return None
+        try:
+            return cls(_parse_time(str(doc["process"])), int(doc["firstStep"]),
+                       _parse_time(str(doc["firstStepTime"])), float(doc.get("loadSeconds", 0.0)))
+        except (KeyError, TypeError, ValueError):
+            return None  # an optional record: a malformed one is ignored, not fatal
 
 
 @dataclass(frozen=True)
@@ -248,16 +277,21 @@ class CheckpointStore:
         if doc is None:
             return None
         try:
-            return Progress(int(doc["step"]), _parse_time(str(doc["time"])), int(doc["attempt"]))
+            return Progress(int(doc["step"]), _parse_time(str(doc["time"])), int(doc["attempt"]),
+                            AttemptStart.from_json(doc.get("start")))
         except (KeyError, TypeError, ValueError) as err:
             raise CheckpointError(f"{self.uri}/{PROGRESS} is malformed: {err}") from err
 
-    def write_progress(self, step: int, attempt: int, time: datetime | None = None) -> Progress:
+    def write_progress(
+        self, step: int, attempt: int, time: datetime | None = None,
+        start: AttemptStart | None = None,
+    ) -> Progress:
         moment = time or _now()
-        self._write_json(
-            self._key(PROGRESS), {"step": step, "time": _format_time(moment), "attempt": attempt}
-        )
-        return Progress(step, moment, attempt)
+        doc: dict[str, object] = {"step": step, "time": _format_time(moment), "attempt": attempt}
+        if start is not None:
+            doc["start"] = start.to_json()
+        self._write_json(self._key(PROGRESS), doc)
+        return Progress(step, moment, attempt, start)
 
     # --- owner record (written by the operator, never by the trainer) -------
 

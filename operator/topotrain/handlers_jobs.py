@@ -249,6 +249,8 @@ class JobLoop:
             METRICS.restarts.labels(decision.restart_reason).inc()
         if decision.recovered_seconds is not None:
             METRICS.recovery.observe(decision.recovered_seconds)
+        if decision.first_step is not None:
+            METRICS.first_step.labels(decision.first_step[1]).observe(decision.first_step[0])
         if decision.launch is not None and st.recovery is not None and st.recovery.mode in ("shrink", "grow"):
             METRICS.resizes.labels(st.recovery.mode).inc()
         if st.placement is not None:

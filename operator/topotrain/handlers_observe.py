@@ -96,6 +96,7 @@ class Observer:
             progress_step=progress.step if progress else None,
             progress_time=progress.time if progress else None,
             progress_attempt=progress.attempt if progress else None,
+            progress_start=progress.start if progress else None,
         )
 
     def _claim(self, store: CheckpointStore, policy: ResumePolicy, started: bool,

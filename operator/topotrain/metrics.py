@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from topotrain.status import PHASES
 
 RECOVERY_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 30, 60, 120, 300, 600)
+FIRST_STEP_BUCKETS = (1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1200, 1800)
 RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 
@@ -39,6 +40,11 @@ class Metrics:
         self.recovery = Histogram(
             "topotrain_recovery_seconds",
             "Failure detected -> all replacement pods Running", buckets=RECOVERY_BUCKETS, registry=r,
+        )
+        self.first_step = Histogram(
+            "topotrain_time_to_first_step_seconds",
+            "Failure (or planned change) detected -> the new attempt's first training step",
+            ["cause"], buckets=FIRST_STEP_BUCKETS, registry=r,
         )
         self.placement_cost = Gauge(
             "topotrain_placement_cost", "Communication cost of the current placement",

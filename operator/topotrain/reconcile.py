@@ -88,6 +88,7 @@ class Decision:
     requeue_after: float | None = None
     restart_reason: str | None = None  # for the restarts metric
     recovered_seconds: float | None = None  # for the recovery histogram
+    first_step: tuple[float, str] | None = None  # (time to first step, cause) for its histogram
     placement_cost: float | None = None
 
 
@@ -124,6 +125,8 @@ def reconcile(obs: Observed) -> Decision:
         _launch(obs, sb, decision, attempt)
     else:
         _steady(obs, sb, decision, attempt, current)
+    if sb.status.phase == "Running":
+        decision.first_step = sb.first_step(obs.checkpoint)
     if sb.status.phase in ("Running", "Succeeded", "Failed"):
         # The crashed pods of earlier attempts were kept for their logs until now.
         decision.delete += [p.name for p in obs.pods if p.attempt < attempt and p.phase == "Failed"

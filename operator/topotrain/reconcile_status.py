@@ -9,10 +9,11 @@ for a repeat, so Events mark transitions while status holds the truth.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from topotrain import elastic
 from topotrain.api import FailurePolicy, Parallelism
+from topotrain.checkpoints import AttemptStart
 from topotrain.planning import PlanOutcome
 from topotrain.policy import (
     APPLICATION,
@@ -29,6 +30,7 @@ from topotrain.status import (
     PlacementSummary,
     ProgressStatus,
     Reason,
+    RecoveryPhases,
     RecoveryStatus,
     TrainingJobStatus,
     set_condition,
@@ -50,6 +52,7 @@ class CheckpointView:
     progress_step: int | None = None
     progress_time: datetime | None = None
     progress_attempt: int | None = None  # the attempt whose trainer wrote the heartbeat
+    progress_start: AttemptStart | None = None  # how that attempt started (the bundled trainer)
 
 
 def iso(moment: datetime) -> str:
@@ -216,9 +219,43 @@ class StatusBuilder:
         seconds = max(0.0, (self.now - parse(rec.started)).total_seconds())
         rec.last_seconds = round(seconds, 3)
         rec.started = None
+        rec.awaiting_attempt, rec.pods_running_time = st.attempt, iso(self.now)
+        if rec.fault_time is None:
+            rec.fault_time = iso(self.now - timedelta(seconds=seconds))
         self.set(C.RECOVERING, False, Reason.PODS_RUNNING, f"recovered in {seconds:.2f}s")
         self._event(NORMAL, "Recovered", f"attempt {st.attempt} Running {seconds:.2f}s after the failure")
         return seconds
+
+    def first_step(self, view: CheckpointView | None) -> tuple[float, str] | None:
+        """The awaited attempt's first step is in: (time to first step, cause), once per recovery.
+
+        The trainer's own first-step time is used when it is plausible (after the pods were
+        Running, not in the operator's future); otherwise the operator's observation.
+        """
+        rec, st = self.status.recovery, self.status
+        if (rec is None or rec.awaiting_attempt is None or rec.awaiting_attempt != st.attempt
+                or view is None or not view.reachable or view.progress_attempt != st.attempt
+                or rec.fault_time is None or rec.pods_running_time is None):
+            return None
+        fault, running = parse(rec.fault_time), parse(rec.pods_running_time)
+        start = view.progress_start
+        done = self.now
+        if start is not None and running <= start.first_step_time <= self.now:
+            done = start.first_step_time
+        total = max(0.0, (done - fault).total_seconds())
+        phases = RecoveryPhases(pods_running=round((running - fault).total_seconds(), 3))
+        if start is not None and done is start.first_step_time:
+            process = max(0.0, (start.process - running).total_seconds())
+            phases.process_start = round(process, 3)
+            phases.checkpoint_load = round(start.load_seconds, 3)
+            rest = total - (phases.pods_running or 0.0) - process - start.load_seconds
+            phases.startup_and_first_step = round(max(0.0, rest), 3)
+        rec.time_to_first_step_seconds, rec.phases = round(total, 3), phases
+        rec.awaiting_attempt = None
+        self._event(NORMAL, "FirstStep",
+                    f"attempt {st.attempt} trained step {view.progress_step} {total:.1f}s after the "
+                    f"{rec.cause or 'failure'}")
+        return total, rec.cause or "application"
 
     def record_failure(self, failure: Failure, policy: FailurePolicy) -> None:
         when = iso(self.now)
@@ -249,21 +286,26 @@ class StatusBuilder:
         st.attempt = next_attempt
         st.phase = "Recovering"
         started = st.last_failure.time if st.last_failure else iso(self.now)
-        st.recovery = RecoveryStatus(
-            last_seconds=st.recovery.last_seconds if st.recovery else None, started=started,
-        )
+        st.recovery = self._recovery(started, kind)
         self.set(C.RECOVERING, True, Reason.BACKOFF if verdict.delay_seconds else Reason.RESTARTED,
                  verdict.message)
+
+    def _recovery(self, started: str, cause: str, mode: str | None = None) -> RecoveryStatus:
+        """A new recovery in flight, keeping the last one's figures for display."""
+        old = self.status.recovery
+        return RecoveryStatus(
+            last_seconds=old.last_seconds if old else None,
+            time_to_first_step_seconds=old.time_to_first_step_seconds if old else None,
+            phases=old.phases if old else None,
+            started=started, fault_time=started, cause=cause, mode=mode,
+        )
 
     def rolling(self, generation: int, next_attempt: int, resume: int | None) -> None:
         """The spec's pod template changed: a restart that uses no failure budget."""
         st = self.status
         st.attempt = next_attempt
         st.phase = "Recovering"
-        st.recovery = RecoveryStatus(
-            last_seconds=st.recovery.last_seconds if st.recovery else None,
-            started=iso(self.now), mode="rollout",
-        )
+        st.recovery = self._recovery(iso(self.now), "rollout", "rollout")
         step = "from scratch" if resume is None else f"from step {resume}"
         message = f"the pod template changed (generation {generation}): restarting the gang {step}"
         self.set(C.RECOVERING, True, Reason.SPEC_CHANGED, message)
@@ -273,9 +315,8 @@ class StatusBuilder:
         st = self.status
         st.attempt = next_attempt
         st.phase = "Recovering"
-        st.recovery = RecoveryStatus(
-            last_seconds=st.recovery.last_seconds if st.recovery else None,
-            started=iso(self.now), mode=elastic.resize_kind(request.current, new_data) or "resize",
+        st.recovery = self._recovery(
+            iso(self.now), "resize", elastic.resize_kind(request.current, new_data) or "resize",
         )
         message = f"{request.message}: data {request.current} -> {new_data}"
         self.set(C.RECOVERING, True, Reason.RESIZED, message)

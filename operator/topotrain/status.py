@@ -171,11 +171,49 @@ class ResumedFromStatus(_Model):
     time: str | None = Field(None, description="When this job took them over.")
 
 
+class RecoveryPhases(_Model):
+    """Where the time to first step of the last recovery went, in seconds."""
+
+    pods_running: float | None = Field(
+        None, alias="podsRunning", description="Failure detected -> every replacement pod Running "
+        "(re-plan, pod creation, scheduling, container start).",
+    )
+    process_start: float | None = Field(
+        None, alias="processStart", description="Pods Running -> the trainer process started.",
+    )
+    checkpoint_load: float | None = Field(
+        None, alias="checkpointLoad", description="Restoring the checkpoint.",
+    )
+    startup_and_first_step: float | None = Field(
+        None, alias="startupAndFirstStep",
+        description="The rest: imports, rendezvous, building the model, the first step.",
+    )
+
+
 class RecoveryStatus(_Model):
     """The last recovery."""
 
     last_seconds: float | None = Field(
         None, alias="lastSeconds", description="Failure detected -> all replacement pods Running, seconds."
+    )
+    time_to_first_step_seconds: float | None = Field(
+        None, alias="timeToFirstStepSeconds",
+        description="Failure detected -> the new attempt's first completed training step, seconds: "
+        "the recovery measure (what the RECOVERY column shows).",
+    )
+    phases: RecoveryPhases | None = Field(None, description="The time to first step, by phase.")
+    fault_time: str | None = Field(
+        None, alias="faultTime", description="When the failure (or planned change) was detected.",
+    )
+    cause: str | None = Field(
+        None, description="application, infrastructure, resize or rollout: what started the recovery.",
+    )
+    awaiting_attempt: int | None = Field(
+        None, alias="awaitingAttempt",
+        description="The attempt whose first step is awaited (pods Running, no step yet).",
+    )
+    pods_running_time: str | None = Field(
+        None, alias="podsRunningTime", description="When the attempt's pods were all Running.",
     )
     mode: str | None = Field(None, description="incremental, full, shrink or grow.")
     resume_step: int | None = Field(None, alias="resumeStep", description="Checkpoint step it resumed from.")

@@ -255,3 +255,44 @@ def test_half_created_first_attempt_takes_the_resume_step_of_its_pods() -> None:
     pods = tuple(replace(p, resume_step="200") for p in gang(0, phase="Pending", gated=True)[:2])
     d, _ = run(obs, pods=pods, rank_table=table, checkpoint=replace(CKPT, step=400))
     assert d.launch is not None and d.launch.only == (2, 3) and d.launch.resume_step == 200
+
+
+# --- time to first step: the recovery measure ------------------------------------------------
+
+
+def test_time_to_first_step_is_measured_from_the_fault_to_the_new_attempts_first_step() -> None:
+    from topotrain.checkpoints import AttemptStart
+
+    obs = running_job()
+    pods = list(gang(0))
+    pods[1] = replace(pods[1], phase="Failed", exit_code=1)
+    _, obs = run(obs, pods=tuple(pods), now=at(5))  # fault detected at 5 s
+    d, obs = run(obs, pods=gang(1), now=at(7))  # pods Running 2 s later
+    assert d.status.recovery is not None and d.status.recovery.last_seconds == 2.0
+    assert d.status.recovery.time_to_first_step_seconds is None and d.first_step is None
+    start = AttemptStart(process=at(8), first_step=201, first_step_time=at(40), load_seconds=3.0)
+    ckpt = replace(beat(201, attempt=1), progress_start=start)
+    d, obs = run(obs, pods=gang(1), now=at(45), checkpoint=ckpt)  # seen at the next S3 poll
+    rec = d.status.recovery
+    assert rec is not None and rec.time_to_first_step_seconds == 35.0  # 40 - 5, the trainer's time
+    assert rec.phases is not None
+    assert (rec.phases.pods_running, rec.phases.process_start, rec.phases.checkpoint_load,
+            rec.phases.startup_and_first_step) == (2.0, 1.0, 3.0, 29.0)
+    assert d.first_step == (35.0, "application")
+    again, _ = run(obs, pods=gang(1), now=at(50), checkpoint=ckpt)
+    assert again.first_step is None  # once per recovery
+
+
+def test_an_implausible_trainer_clock_falls_back_to_the_operators_observation() -> None:
+    from topotrain.checkpoints import AttemptStart
+
+    obs = running_job()
+    lost = {k: v for k, v in obs.nodes.items() if k != "n1"}
+    _, obs = run(obs, pods=gang(0), nodes=lost, now=at(5))
+    moved = gang(1, nodes={0: "n0", 1: "spare0", 2: "n2", 3: "n3"})
+    _, obs = run(obs, pods=moved, nodes=lost, now=at(7))
+    skewed = AttemptStart(process=at(-3600), first_step=201, first_step_time=at(-3500))
+    d, _ = run(obs, pods=moved, nodes=lost, now=at(30),
+               checkpoint=replace(beat(201, attempt=1), progress_start=skewed))
+    assert d.status.recovery is not None and d.status.recovery.time_to_first_step_seconds == 25.0
+    assert d.first_step == (25.0, "infrastructure")

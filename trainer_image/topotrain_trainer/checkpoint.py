@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from topotrain.checkpoints import CheckpointStore
+from topotrain.checkpoints import AttemptStart, CheckpointStore
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
@@ -329,14 +330,21 @@ class Heartbeat:
     def __init__(self, store: CheckpointStore, attempt: int) -> None:
         self.store, self.attempt = store, attempt
         self._thread: threading.Thread | None = None
+        self.start: AttemptStart | None = None  # how this attempt started, sent with every beat
+
+    def first_step(self, step: int, process_start: datetime, load_seconds: float) -> None:
+        """The attempt's first completed step: recorded, and reported at once."""
+        self.start = AttemptStart(process_start, step, datetime.now(UTC), load_seconds)
+        self.beat(step)
 
     def beat(self, step: int) -> None:
         if self._thread is not None and self._thread.is_alive():
             return  # the previous write is still retrying; skip this one
+        start = self.start
 
         def write() -> None:
             try:
-                self.store.write_progress(step, self.attempt)
+                self.store.write_progress(step, self.attempt, start=start)
             except Exception as err:
                 log.warning("progress heartbeat at step %d failed: %s", step, err)
 

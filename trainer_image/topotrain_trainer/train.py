@@ -7,6 +7,7 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -31,9 +32,24 @@ from topotrain_trainer.parallel import (
 )
 
 
+def process_start() -> datetime:
+    """When this process began (Linux: from /proc, so torch's import time counts), else now."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return datetime.fromtimestamp(boot + ticks / os.sysconf("SC_CLK_TCK"), UTC)
+    except (OSError, ValueError, IndexError, StopIteration):
+        return datetime.now(UTC)
+
+
+PROCESS_START = process_start()
+
+
 def train(env: TrainerEnv, config: TrainingConfig) -> None:
     job = Job.setup(env, config)
     progress, tokens = job.progress, config.global_batch * config.seq_len
+    first = True
     job.loader.start(progress.consumed_samples)
     while progress.step < config.steps:
         started = time.perf_counter()
@@ -45,8 +61,12 @@ def train(env: TrainerEnv, config: TrainingConfig) -> None:
         # The wait for a checkpoint copy is reported as checkpoint stall, not step time.
         seconds = time.perf_counter() - started - job.checkpoint_wait
         job.metrics.step(progress.step, loss, grad_norm, seconds, tokens, due)
-        if job.heartbeat is not None and due:
+        if job.heartbeat is not None and first:
+            # Time to first step is the recovery measure: report this attempt's first step at once.
+            job.heartbeat.first_step(progress.step, PROCESS_START, job.load_seconds)
+        elif job.heartbeat is not None and due:
             job.heartbeat.beat(progress.step)
+        first = False
         if job.checkpointer is not None and job.interval and progress.step % job.interval == 0:
             job.checkpointer.save(progress.step, job.app, blocking=config.sync_checkpoint)
     job.close()
@@ -106,6 +126,7 @@ class Job:
         )
         self.optimizer, self.scheduler = make_optimizer(self.model, config)
         self.progress = Progress()
+        self.load_seconds = 0.0  # restoring the checkpoint, reported with the first step
         self.app = AppState(self.model, self.optimizer, self.scheduler, self.progress)
         rank = dist.get_rank()
         self.metrics = Metrics(rank, int(os.environ.get("LOCAL_RANK", "0")), config.metrics_port)
@@ -124,7 +145,8 @@ class Job:
         if env.checkpoint_uri:
             store = CheckpointStore(env.checkpoint_uri)
             self.checkpointer = Checkpointer(
-                store, staging, mesh.sizes(), env.checkpoint_keep, on_event=self.metrics.emit
+                store, staging, mesh.sizes(), env.checkpoint_keep, on_event=self.metrics.emit,
+                attempt=env.attempt,
             )
             self.heartbeat = Heartbeat(store, env.attempt) if rank == 0 else None
 
@@ -140,6 +162,7 @@ class Job:
                 )
             began = time.perf_counter()
             job.checkpointer.restore(env.resume_step, job.app)
+            job.load_seconds = time.perf_counter() - began
             job.metrics.emit({"event": "restored", "step": job.progress.step,
                               "consumed_samples": job.progress.consumed_samples, "mesh": mesh.sizes(),
                               "load_seconds": round(time.perf_counter() - began, 4)})  # fmt: skip
