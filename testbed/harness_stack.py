@@ -77,6 +77,7 @@ class Stack:
     workdir: Path
     s3: S3Target
     operator_values: dict[str, Any] = field(default_factory=dict)
+    chart_values: dict[str, Any] = field(default_factory=dict)  # top-level values that win
     release: str = ""
     harness: PodProcessHarness | None = None
     _operator: subprocess.Popen[bytes] | None = None
@@ -173,6 +174,7 @@ class Stack:
                 "podGraceSeconds": 3,
                 **self.operator_values,
             },
+            **self.chart_values,
         }
         values_file = self.workdir / "values.yaml"
         values_file.write_text(yaml.safe_dump(values))
@@ -243,6 +245,21 @@ class Stack:
 
     def start_operator(self) -> None:
         """Run the chart's operator container as a local process (the chart's args and env)."""
+        argv, env = self.operator_command()
+        log = (self.workdir / "operator.log").open("ab")
+        self._operator = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=self.workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+
+    def operator_command(self) -> tuple[list[str], dict[str, str]]:
+        """argv and environment of the chart's operator container, as a local process."""
         pod = self._deployment()["spec"]["template"]
         pod = {
             "metadata": {"name": "topotrain-operator-local", "namespace": self.namespace},
@@ -261,18 +278,7 @@ class Stack:
             "HOME": str(self.workdir),
             "KUBECONFIG": str(kubeconfig),
         }
-        argv = container_argv(container, env)
-        log = (self.workdir / "operator.log").open("ab")
-        self._operator = subprocess.Popen(
-            argv,
-            env=env,
-            cwd=self.workdir,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
+        return container_argv(container, env), env
 
     def stop_operator(self) -> None:
         if self._operator is None:

@@ -1,0 +1,231 @@
+"""The soak's invariants, each an independent checker of the history
+(testbed.chaos.timeline). None of them reads the operator's status to decide
+that something went right: job phases are used only to know that a job
+claims to be finished, and the claim is then checked against the trainers'
+output and S3.
+
+1. resume: every attempt starts from a step whose COMMITTED marker S3 showed,
+   and no newer COMMITTED existed `slack` seconds before its pods were created;
+2. exclusive: never two live pods for one job/attempt/index, never two
+   attempts' pods Running together (a crashed pod kept for its logs is Failed,
+   not Running), and never two attempts' trainers stepping at the same time;
+3. gpus: per node, GPUs requested by non-terminal pods <= allocatable;
+4. outcome: every job ends Succeeded with every loss equal to the
+   uninterrupted run's, or Failed with a reason naming a budget; a deleted job
+   leaves neither itself nor pods behind;
+5. availability: no job goes longer than `bound` seconds without a Running
+   attempt unless a condition says why;
+6. lost work per restart <= one checkpoint interval + steps since the last commit;
+7. retention: <= keep + 1 committed checkpoints, the newest never deleted;
+8. memory: the operator's RSS peak and slope stay bounded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections import defaultdict
+from collections.abc import Callable
+
+from testbed.chaos.timeline import TERMINAL, Timeline, Verdict, verdict
+
+BUDGET_REASONS = {"MaxRestartsExceeded": "maxRestarts",
+                  "MaxInfrastructureRestartsExceeded": "maxInfrastructureRestarts"}  # fmt: skip
+EXPLAINING = {("Schedulable", "False"), ("PodsCreated", "False"), ("CheckpointStoreReachable", "False")}
+EXPLAINING_REASONS = {("Ready", "False", "PodsPending"), ("Recovering", "True", "BackoffWaiting")}
+
+
+def check_resume(t: Timeline, slack: float = 6.0) -> Verdict:
+    commits = t.commits()
+    problems, checked = [], 0
+    for (job, number), attempt in sorted(t.attempts().items()):
+        checked += 1
+        if len(attempt.resumes) > 1:
+            problems.append(f"{job} attempt {number}: pods told different steps {sorted(map(str, attempt.resumes))}")
+            continue
+        raw = next(iter(attempt.resumes))
+        resume = int(raw) if raw else None
+        seen = commits.get(job, {})
+        if resume is not None and not (resume in seen and seen[resume] <= attempt.created + slack):
+            problems.append(f"{job} attempt {number}: resumed from step {resume}, never seen COMMITTED before")
+        newer = sorted(s for s, m in seen.items() if (resume is None or s > resume) and m < attempt.created - slack)
+        if newer:
+            problems.append(f"{job} attempt {number}: resumed from {resume} while step {newer[-1]} was COMMITTED")
+    return verdict("1 resume from the newest COMMITTED step", checked, problems)
+
+
+def check_exclusive(t: Timeline) -> Verdict:
+    problems: list[str] = []
+    for record in t.api:
+        live: dict[tuple[str, int | None, int | None], int] = defaultdict(int)
+        running: dict[str, set[int | None]] = defaultdict(set)
+        for pod in t.job_pods(record):
+            if pod["phase"] in TERMINAL or pod["deleting"]:
+                continue
+            live[(pod["job"], pod["attempt"], pod["index"])] += 1
+            if pod["phase"] == "Running":
+                running[pod["job"]].add(pod["attempt"])
+        problems += [f"t={record['t']:.0f}: {n} live pods for {key}" for key, n in live.items() if n > 1]
+        problems += [f"t={record['t']:.0f}: {job} attempts {sorted(a)} Running together"
+                     for job, a in running.items() if len(a) > 1]  # fmt: skip
+    for job in t.events:
+        spans: dict[int, tuple[float, float]] = {}
+        for step in t.steps(job):
+            first, _ = spans.get(step["attempt"], (step["time"], step["time"]))
+            spans[step["attempt"]] = (first, step["time"])
+        ordered = sorted(spans.items())
+        for (a, (_, last_a)), (b, (first_b, _)) in itertools.pairwise(ordered):
+            if first_b < last_a:
+                problems.append(f"{job}: attempt {a} still stepping {last_a - first_b:.1f}s after attempt {b} began")
+    return verdict("2 one gang at a time", len(t.api), problems)
+
+
+def check_gpus(t: Timeline) -> Verdict:
+    problems: list[str] = []
+    for record in t.api:
+        used: dict[str, int] = defaultdict(int)
+        for pod in record["pods"]:
+            if pod["node"] and pod["phase"] not in TERMINAL:
+                used[pod["node"]] += pod["gpus"]
+        problems += [f"t={record['t']:.0f}: {node} has {n} GPUs requested of {record['nodes'][node]}"
+                     for node, n in used.items() if node in record["nodes"] and n > record["nodes"][node]]  # fmt: skip
+    return verdict("3 no GPU double-booked", len(t.api), problems)
+
+
+def check_outcomes(t: Timeline, expected: Callable[[int, int], dict[int, float]]) -> Verdict:
+    problems: list[str] = []
+    for job, plan in sorted(t.created.items()):
+        want = expected(plan["seed"], plan["steps"])
+        wrong = [s for s in t.steps(job) if want.get(s["step"]) != s["loss"]]
+        if wrong:
+            problems.append(f"{job}: step {wrong[0]['step']} (attempt {wrong[0]['attempt']}) loss "
+                            f"{wrong[0]['loss']} != uninterrupted {want.get(wrong[0]['step'])}")
+        if job in t.deleted:
+            problems += _leftovers(t, job)
+            continue
+        final = t.final_job(job) or {}
+        if final.get("phase") == "Succeeded":
+            reached = {s["step"] for s in t.steps(job)}
+            if set(want) - reached or not any(e.get("event") == "done" for e in t.events.get(job, [])):
+                problems.append(f"{job}: Succeeded without its trainer reaching step {plan['steps']}")
+        elif final.get("phase") == "Failed":
+            field = BUDGET_REASONS.get(final.get("reason") or "")
+            if field is None or field not in (final.get("message") or ""):
+                problems.append(f"{job}: Failed with {final.get('reason')}: {final.get('message')}")
+        else:
+            problems.append(f"{job}: unfinished at the end ({final.get('phase')}, {final.get('reason')})")
+    return verdict("4 Succeeded with uninterrupted losses, or Failed on a budget", len(t.created), problems)
+
+
+def _leftovers(t: Timeline, job: str, grace: float = 120.0) -> list[str]:
+    after = [r for r in t.api if r["t"] > t.deleted[job] + grace]
+    if not after:
+        return []
+    last = after[-1]
+    if any(j["name"] == job for j in last["jobs"]) or any(p["job"] == job for p in t.job_pods(last)):
+        return [f"{job}: deleted, but it or its pods are still there {grace:.0f}s later"]
+    return []
+
+
+def _running(t: Timeline, record: dict[str, object], job: str) -> bool:
+    pods = [p for p in t.job_pods(record) if p["job"] == job and not p["deleting"] and p["phase"] not in TERMINAL]  # type: ignore[arg-type]
+    if not pods:
+        return False
+    newest = max(p["attempt"] or 0 for p in pods)
+    return all(p["phase"] == "Running" for p in pods if (p["attempt"] or 0) == newest)
+
+
+def _explained(record: dict[str, object], job: str) -> bool:
+    for seen in record["jobs"]:  # type: ignore[attr-defined]
+        if seen["name"] == job:
+            return any((c[0], c[1]) in EXPLAINING or tuple(c) in EXPLAINING_REASONS for c in seen["conditions"])
+    return False
+
+
+def check_availability(t: Timeline, bound: float = 120.0) -> Verdict:
+    problems: list[str] = []
+    for job, plan in sorted(t.created.items()):
+        end, last_running, explained, reported = t.end_of(job), plan["t"], False, False
+        for record in t.api:
+            if record["t"] < plan["t"] or record["t"] > end:
+                continue
+            if _running(t, record, job):
+                last_running, explained, reported = record["t"], False, False
+                continue
+            explained = explained or _explained(record, job)
+            if record["t"] - last_running > bound and not explained and not reported:
+                problems.append(f"{job}: no Running attempt for {record['t'] - last_running:.0f}s "
+                                f"(from t={last_running:.0f}) and no condition saying why")
+                reported = True
+    return verdict(f"5 never over {bound:.0f}s without a Running attempt unexplained", len(t.created), problems)
+
+
+def check_lost_work(t: Timeline) -> Verdict:
+    commits, problems, checked = t.commits(), [], 0
+    for job, plan in sorted(t.created.items()):
+        reached = 0
+        for start in t.starts(job):
+            before = [s["step"] for s in t.steps(job) if s["time"] < start["time"]]
+            reached = max([reached, *before])
+            if not before:
+                continue
+            checked += 1
+            newest = max((s for s, m in commits.get(job, {}).items() if m <= start["time"]), default=0)
+            lost = reached - (start["resume"] or 0)
+            allowed = plan["interval"] + max(0, reached - newest)
+            if lost > allowed:
+                problems.append(f"{job} attempt {start['attempt']}: lost {lost} steps, allowed {allowed}")
+    return verdict("6 lost work <= interval + steps since the last commit", checked, problems)
+
+
+def check_retention(t: Timeline) -> Verdict:
+    problems: list[str] = []
+    newest: dict[str, int] = {}
+    for record in t.s3:
+        for job, steps in record["committed"].items():
+            present = {int(s) for s, _ in steps}
+            keep = t.created.get(job, {}).get("keep", 1)
+            if len(present) > keep + 1:
+                problems.append(f"t={record['t']:.0f}: {job} has {len(present)} committed (keep {keep})")
+            gone = job in newest and newest[job] not in present and max(present, default=-1) < newest[job]
+            if gone and job not in t.deleted:
+                problems.append(f"t={record['t']:.0f}: {job}'s newest committed step {newest[job]} is gone")
+            newest[job] = max([newest.get(job, -1), *present])
+    return verdict("7 retention <= keep + 1, never the newest", len(t.s3), problems)
+
+
+def memory_samples(records: list[dict[str, object]]) -> list[tuple[float, float]]:
+    return [(float(r["t"]), max(r["mib"].values())) for r in records if r["type"] == "rss"]  # type: ignore[arg-type, attr-defined]
+
+
+def check_memory(samples: list[tuple[float, float]], peak_limit: float = 1024.0) -> Verdict:
+    problems: list[str] = []
+    if samples:
+        peak = max(m for _, m in samples)
+        if peak > peak_limit:
+            problems.append(f"operator RSS peaked at {peak:.0f} MiB (limit {peak_limit:.0f})")
+        third = len(samples) // 3
+        if third >= 10 and samples[-1][0] - samples[0][0] >= 300:
+            first = statistics.median(m for _, m in samples[:third])
+            last = statistics.median(m for _, m in samples[-third:])
+            if last > first * 1.5 + 64:
+                problems.append(f"operator RSS grew from a median {first:.0f} MiB to {last:.0f} MiB")
+    return verdict("8 operator memory bounded", len(samples), problems)
+
+
+def slope_mib_per_hour(samples: list[tuple[float, float]]) -> float:
+    """Least-squares slope after the first fifth (start-up), MiB per hour."""
+    tail = samples[len(samples) // 5 :]
+    if len(tail) < 3:
+        return 0.0
+    xs, ys = [t for t, _ in tail], [m for _, m in tail]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return 3600 * sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else 0.0
+
+
+def check_all(t: Timeline, records: list[dict[str, object]],
+              expected: Callable[[int, int], dict[int, float]]) -> list[Verdict]:  # fmt: skip
+    return [check_resume(t), check_exclusive(t), check_gpus(t), check_outcomes(t, expected),
+            check_availability(t), check_lost_work(t), check_retention(t),
+            check_memory(memory_samples(records))]  # fmt: skip

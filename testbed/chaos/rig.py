@@ -1,0 +1,189 @@
+"""Everything one soak runs on, set up and torn down in one place:
+
+- a private testbed (its own directory, ports, etcd, kube-apiserver,
+  controller manager, scheduler, KWOK and versitygw), so restarting its API
+  server or stopping its S3 server never disturbs anyone else's tests;
+- a GPU fleet of two pools sized to the number of concurrent jobs;
+- the chaos proxy in front of versitygw: the operator and every trainer talk
+  to S3 through it, the observer talks to versitygw directly;
+- the chart, the operator as local processes (one, or two peered replicas)
+  and the pod process harness (testbed.harness_stack; the harness stands in
+  for a kubelet's process execution, it is not a kubelet).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from testbed.chaos.history import History, Observer
+from testbed.chaos.s3proxy import S3Proxy
+from testbed.chaos.workload import Workload
+from testbed.cluster import CONTROL_PLANE, Testbed
+from testbed.components import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE
+from testbed.harness_stack import S3Target, Stack
+from testbed.kube import api_client, core_v1
+from testbed.nodes import apply_topology, wait_nodes_ready
+from testbed.procs import free_port, signal_group, wait_until
+
+
+class ChaosStack(Stack):
+    """The Stack with operator replicas the nemesis can kill: one standalone, or two peered."""
+
+    def __init__(self, *args: Any, replicas: int = 1, **kwargs: Any) -> None:
+        self.replicas = replicas
+        self.processes: list[tuple[int, subprocess.Popen[bytes]]] = []  # (peering priority, process)
+        self._next_priority = 1000
+        super().__init__(*args, **kwargs)
+        if replicas > 1:
+            self.chart_values = {**self.chart_values, "peering": {"enabled": True}}
+
+    def start_operator(self) -> None:
+        self.processes = [(p, proc) for p, proc in self.processes if proc.poll() is None]
+        while len(self.processes) < self.replicas:
+            argv, env = self.operator_command()
+            priority, self._next_priority = self._next_priority, self._next_priority - 1
+            env.update(TOPOTRAIN_PEERING_PRIORITY=str(priority), TOPOTRAIN_METRICS_PORT=str(free_port()),
+                       TOPOTRAIN_HEALTH_PORT=str(free_port()))  # fmt: skip
+            with (self.workdir / f"operator-{priority}.log").open("ab") as log:
+                proc = subprocess.Popen(argv, env=env, cwd=self.workdir, stdin=subprocess.DEVNULL,
+                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            self.processes.append((priority, proc))
+
+    def kill_acting(self) -> None:
+        """SIGKILL the replica that acts (the highest peering priority alive), as a node death would."""
+        alive = [(p, proc) for p, proc in self.processes if proc.poll() is None]
+        if alive:
+            _, proc = max(alive, key=lambda item: item[0])
+            signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def stop_operator(self) -> None:
+        for _, proc in self.processes:
+            if proc.poll() is None:
+                signal_group(proc.pid, signal.SIGTERM)
+        for _, proc in self.processes:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                signal_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.processes = []
+
+    def operator_alive(self) -> bool:
+        return any(proc.poll() is None for _, proc in self.processes)
+
+    def operator_pids(self) -> list[int]:
+        return [proc.pid for _, proc in self.processes if proc.poll() is None]
+
+    def operator_log(self, lines: int = 40) -> str:
+        logs = sorted(self.workdir.glob("operator-*.log"))
+        text = logs[0].read_text(errors="replace") if logs else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def fleet(jobs: int) -> dict[str, Any]:
+    """Two pools with room for `jobs` concurrent jobs of the workload's shapes and some to spare."""
+    racks = max(2, (jobs + 3) // 4)
+    return {"name": "chaos", "pools": [
+        {"name": "chaos-h100", "product": "H100-80GB", "gpusPerNode": 8, "blocks": 1,
+         "racksPerBlock": racks, "nodesPerRack": 2, "nvlinkDomainNodes": 1},
+        {"name": "chaos-a100", "product": "A100-80GB", "gpusPerNode": 8, "blocks": 1,
+         "racksPerBlock": max(1, racks // 2), "nodesPerRack": 2, "nvlinkDomainNodes": 1},
+    ]}  # fmt: skip
+
+
+class Rig:
+    def __init__(self, workdir: Path, seed: int, jobs: int, replicas: int = 1) -> None:
+        self.workdir = workdir.resolve()
+        self.seed = seed
+        self.jobs = jobs
+        self.replicas = replicas
+        self.bed = Testbed(self.workdir / "testbed")
+        self.namespace = f"chaos-{uuid.uuid4().hex[:6]}"
+        self.history = History(self.workdir / "history.jsonl")
+        self.node_names: list[str] = []
+        self.pools = ("H100-80GB", "A100-80GB")
+        self._api: Any = None
+        self.workload: Workload
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.bed.kubeconfig
+
+    @property
+    def core(self) -> Any:
+        return core_v1(self._api)
+
+    def __enter__(self) -> Rig:
+        started = time.monotonic()
+        self.bed.up()
+        self.node_names = apply_topology(self.kubeconfig, fleet(self.jobs))
+        wait_nodes_ready(self.kubeconfig, self.node_names, timeout=300)
+        self._api = api_client(self.kubeconfig)
+        self.core.create_namespace({"metadata": {"name": self.namespace}})
+        wait_until(lambda: bool(self.core.list_namespaced_service_account(
+            self.namespace, field_selector="metadata.name=default").items), timeout=120,
+            what="the namespace's default ServiceAccount")  # fmt: skip
+        server = self.bed.s3
+        self.bucket = server.create_bucket(f"chaos-{self.seed % 100000}-{uuid.uuid4().hex[:4]}")
+        host, port = server.endpoint.removeprefix("http://").split(":")
+        self.proxy = S3Proxy(host, int(port), seed=self.seed).start()
+        target = S3Target(self.proxy.endpoint, server.access_key, server.secret_key, self.bucket)
+        self.stack = ChaosStack(self.kubeconfig, self.namespace, self.workdir / "stack", target,
+                                replicas=self.replicas).__enter__()  # fmt: skip
+        self.observer = Observer(
+            self.history, self.core, self.stack.custom, self.namespace, server.client(),
+            self.bucket, f"jobs/{self.namespace}/", self.stack.operator_pids,
+            interval=1.0 if self.jobs <= 8 else 2.0,
+        ).start()
+        self.setup_seconds = time.monotonic() - started
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for step in (self.observer.stop, self.stack.__exit__, self.proxy.stop):
+            try:
+                step()
+            except Exception as err:  # tear down the rest regardless
+                print(f"chaos rig teardown: {type(err).__name__}: {err}")
+        if self._api is not None:
+            self._api.close()
+        self.bed.down()
+
+    # --- helpers the nemesis and workload use ----------------------------------
+
+    def job_names(self) -> list[str]:
+        return self.workload.job_names()
+
+    def start_apiserver(self) -> None:
+        argv = dict(CONTROL_PLANE)["kube-apiserver"]
+        self.bed.process("kube-apiserver").start(argv(self.bed.layout, self.bed.settings()))
+        wait_until(self.bed.is_up, timeout=180, what="kube-apiserver after its restart")
+
+    def recreate_node(self, raw: Any) -> None:
+        """Create a deleted node again from its saved object: same labels and GPUs, KWOK's again."""
+        node = json.loads(raw.data)
+        labels = {k: v for k, v in (node["metadata"].get("labels") or {}).items() if "stage.kwok" not in k}
+        resources = {k: node["status"][k] for k in ("allocatable", "capacity")}
+        annotations = {KWOK_NODE_ANNOTATION: KWOK_NODE_VALUE, "node.alpha.kubernetes.io/ttl": "0"}
+        body = {"apiVersion": "v1", "kind": "Node", "spec": {}, "status": resources,
+                "metadata": {"name": node["metadata"]["name"], "labels": labels, "annotations": annotations}}  # fmt: skip
+        for _ in range(60):
+            try:
+                self.core.create_node(body)
+                return
+            except ApiException as err:  # the old object may still be finishing its deletion
+                if err.status != 409:
+                    raise
+                time.sleep(1)
+
+    def machine_load(self) -> tuple[float, float, float]:
+        return os.getloadavg()

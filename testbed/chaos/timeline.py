@@ -1,0 +1,127 @@
+"""Views of a soak's history that the checkers and the report share: the
+attempts seen on the API server, the commits seen in S3, the stand-in
+trainers' events. Pure functions of the recorded data."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+TERMINAL = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    invariant: str
+    ok: bool
+    checked: int
+    details: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        head = f"{'ok  ' if self.ok else 'FAIL'} {self.invariant} ({self.checked} checked)"
+        return "\n".join([head, *(f"     {d}" for d in self.details[:8])])
+
+
+def verdict(invariant: str, checked: int, problems: list[str]) -> Verdict:
+    return Verdict(invariant, not problems, checked, tuple(problems))
+
+
+def timestamp(text: str | None) -> float | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass
+class Attempt:
+    job: str
+    number: int
+    created: float
+    resumes: set[str | None] = field(default_factory=set)
+    pods: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Timeline:
+    namespace: str
+    api: list[dict[str, Any]]
+    s3: list[dict[str, Any]]
+    faults: list[dict[str, Any]]
+    created: dict[str, dict[str, Any]]  # job -> its job-created record
+    deleted: dict[str, float]  # job -> when the soak deleted it
+    events: dict[str, list[dict[str, Any]]]  # job -> the stand-in's events (node rank 0)
+
+    @classmethod
+    def of(cls, records: list[dict[str, Any]], namespace: str) -> Timeline:
+        events: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in records:
+            if r["type"] == "trainer-events":
+                events[r["job"]] = sorted(r["events"], key=lambda e: e["time"])
+        return cls(
+            namespace,
+            [r for r in records if r["type"] == "api"],
+            [r for r in records if r["type"] == "s3"],
+            [r for r in records if r["type"] == "fault"],
+            {r["job"]: r for r in records if r["type"] == "job-created"},
+            {r["job"]: r["t"] for r in records if r["type"] == "job-deleted"},
+            dict(events),
+        )
+
+    def job_pods(self, record: dict[str, Any]) -> list[dict[str, Any]]:
+        return [p for p in record["pods"] if p["ns"] == self.namespace and p["job"]]
+
+    def attempts(self) -> dict[tuple[str, int], Attempt]:
+        found: dict[tuple[str, int], Attempt] = {}
+        for record in self.api:
+            for pod in self.job_pods(record):
+                if pod["attempt"] is None:
+                    continue
+                key = (pod["job"], pod["attempt"])
+                created = timestamp(pod["created"]) or record["t"]
+                attempt = found.setdefault(key, Attempt(pod["job"], pod["attempt"], created))
+                if pod["uid"] not in attempt.pods:
+                    attempt.pods.add(pod["uid"])
+                    attempt.resumes.add(pod["resume"] or None)
+                    attempt.created = min(attempt.created, created)
+        return found
+
+    def commits(self) -> dict[str, dict[int, float]]:
+        """job -> step -> the COMMITTED marker's LastModified, over every listing."""
+        seen: dict[str, dict[int, float]] = defaultdict(dict)
+        for record in self.s3:
+            for job, steps in record["committed"].items():
+                for step, modified in steps:
+                    seen[job].setdefault(int(step), float(modified))
+        return dict(seen)
+
+    def steps(self, job: str) -> list[dict[str, Any]]:
+        return [e for e in self.events.get(job, []) if e.get("event") == "step"]
+
+    def starts(self, job: str) -> list[dict[str, Any]]:
+        return [e for e in self.events.get(job, []) if e.get("event") == "start"]
+
+    def final_job(self, job: str) -> dict[str, Any] | None:
+        for record in reversed(self.api):
+            for seen in record["jobs"]:
+                if seen["name"] == job:
+                    return dict(seen)
+        return None
+
+    def end_of(self, job: str) -> float:
+        """When the job stopped needing to run: finished, deleted, or the end of the history."""
+        if job in self.deleted:
+            return self.deleted[job]
+        for record in self.api:
+            for seen in record["jobs"]:
+                if seen["name"] == job and seen["phase"] in TERMINAL:
+                    return float(record["t"])
+        return float(self.api[-1]["t"]) if self.api else 0.0
+
+
+def percentile(values: list[float], share: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(share * (len(ordered) - 1))))]

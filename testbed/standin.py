@@ -1,0 +1,209 @@
+"""A stand-in trainer for the chaos soak. It is not the trainer: no model, no
+torch, no GPUs. It speaks the trainer's contract with the operator, so the
+soak can run many jobs on two cores:
+
+- reads the pod environment (topotrain.contract.TrainerEnv) and the job's
+  `spec.training` (TOPOTRAIN_TRAINING_CONFIG): `steps`, `stepSeconds`, `seed`;
+- the gang is lock-step, like a collective: node rank 0 listens on
+  MASTER_PORT, every other rank connects and acknowledges each step, so one
+  lost rank ends the whole attempt (rank 0 exits 1 on a lost peer, a peer
+  exits 1 on a lost rank 0) and one frozen rank stalls it;
+- node rank 0 resumes from TOPOTRAIN_RESUME_STEP (loading the state saved in
+  that step's checkpoint), writes progress.json every step and, every
+  `intervalSteps`, a checkpoint (one `state.json` shard, then COMMITTED,
+  then retention), all through topotrain.checkpoints so the layout is the
+  real one;
+- the "loss" of step n is a pure function of the state chain
+  seed -> step 1 -> ... -> step n, so a run resumed from the right committed
+  checkpoint prints exactly the losses of an uninterrupted run, and one
+  resumed from anything else does not;
+- SIGUSR1 makes it crash (exit 1), as an exception in a training step would;
+  it exits 0 after the last step.
+
+It runs as a script (`python testbed/standin.py`): the pod process harness
+puts only the product packages on PYTHONPATH, as the trainer image would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+RENDEZVOUS_SECONDS = 120.0
+COLLECTIVE_SECONDS = 600.0  # a frozen peer stalls the gang this long, as an NCCL timeout would
+CHECKPOINT_GIVE_UP_SECONDS = 180.0
+STATE_SHARD = "state.json"
+
+
+def next_state(seed: int, state: int, step: int) -> int:
+    digest = hashlib.sha256(f"{seed}:{state}:{step}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def loss_of(state: int) -> float:
+    return round(1.0 + (state % 1_000_000) / 1_000_000, 6)
+
+
+def expected_losses(seed: int, steps: int) -> dict[int, float]:
+    """The losses of an uninterrupted run: what every resumed run must print too."""
+    state, out = seed, {}
+    for step in range(1, steps + 1):
+        state = next_state(seed, state, step)
+        out[step] = loss_of(state)
+    return out
+
+
+def emit(**event: Any) -> None:
+    print(json.dumps({"time": time.time(), **event}), flush=True)
+
+
+def _crash(signum: int, _frame: object) -> None:
+    emit(event="crash", signal=signum)
+    os._exit(1)
+
+
+def _lines(conn: socket.socket) -> Any:
+    buffer = b""
+    while True:
+        chunk = conn.recv(4096)
+        if not chunk:
+            return
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            yield line.decode()
+
+
+def run_peer(addr: str, port: int, rank: int) -> int:
+    deadline = time.monotonic() + RENDEZVOUS_SECONDS
+    while True:
+        try:
+            conn = socket.create_connection((addr, port), timeout=5)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                emit(event="exit", reason="rendezvous timed out", rank=rank)
+                return 1
+            time.sleep(0.5)
+    conn.settimeout(None)
+    for line in _lines(conn):
+        if line == "done":
+            return 0
+        conn.sendall(f"ok {line}\n".encode())
+    emit(event="exit", reason="lost node rank 0", rank=rank)
+    return 1
+
+
+def _rendezvous(port: int, peers: int) -> list[socket.socket]:
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", port))
+    server.listen(max(peers, 1))
+    server.settimeout(RENDEZVOUS_SECONDS)
+    conns = []
+    for _ in range(peers):
+        conn, _addr = server.accept()
+        conn.settimeout(COLLECTIVE_SECONDS)
+        conns.append(conn)
+    server.close()
+    return conns
+
+
+def _collective(conns: list[socket.socket], step: int) -> bool:
+    try:
+        for conn in conns:
+            conn.sendall(f"{step}\n".encode())
+        for conn in conns:
+            reply = b""
+            while not reply.endswith(b"\n"):
+                chunk = conn.recv(64)
+                if not chunk:
+                    return False
+                reply += chunk
+    except OSError:
+        return False
+    return True
+
+
+def _retry(what: str, call: Any) -> Any:
+    deadline = time.monotonic() + CHECKPOINT_GIVE_UP_SECONDS
+    while True:
+        try:
+            return call()
+        except Exception as err:  # the store is down or erroring: try again, as the trainer does
+            if time.monotonic() > deadline:
+                raise
+            emit(event="store-error", what=what, error=str(err)[:200])
+            time.sleep(1)
+
+
+def run_rank0(env: Any, config: dict[str, Any]) -> int:
+    from topotrain.checkpoints import CheckpointStore
+
+    steps, pace = int(config.get("steps", 100)), float(config.get("stepSeconds", 1.0))
+    seed = int(config.get("seed", 0))
+    store = CheckpointStore(env.checkpoint_uri)
+    state, start = seed, 1
+    if env.resume_step is not None:
+        body = _retry("load", lambda: store.client.get_object(
+            Bucket=store.bucket, Key=f"{store.step_key(env.resume_step)}/{STATE_SHARD}")["Body"].read())
+        saved = json.loads(body)
+        if int(saved["step"]) != env.resume_step:
+            emit(event="exit", reason=f"checkpoint {env.resume_step} holds step {saved['step']}")
+            return 1
+        state, start = int(saved["state"]), env.resume_step + 1
+    emit(event="start", attempt=env.attempt, resume=env.resume_step, data=env.data)
+    try:
+        conns = _rendezvous(env.master_port, env.nnodes - 1)
+    except OSError as err:
+        emit(event="exit", reason=f"rendezvous failed: {err}")
+        return 1
+    for step in range(start, steps + 1):
+        time.sleep(pace)
+        if not _collective(conns, step):
+            emit(event="exit", reason="lost a peer", step=step)
+            return 1
+        state = next_state(seed, state, step)
+        emit(event="step", step=step, loss=loss_of(state), attempt=env.attempt)
+        try:
+            store.write_progress(step, env.attempt)
+        except Exception as err:  # the heartbeat is best effort; the next step writes it again
+            emit(event="store-error", what="progress", error=str(err)[:200])
+        if env.checkpoint_interval and step % env.checkpoint_interval == 0:
+            doc = json.dumps({"step": step, "state": state}).encode()
+            key = f"{store.step_key(step)}/{STATE_SHARD}"
+            _retry("shard", lambda k=key, d=doc: store.client.put_object(Bucket=store.bucket, Key=k, Body=d))
+            _retry("commit", lambda s=step, d=doc: store.write_commit(s, {"dp": env.data}, len(d)))
+            _retry("retention", lambda: store.apply_retention(env.checkpoint_keep))
+            emit(event="commit", step=step, attempt=env.attempt)
+    for conn in conns:
+        with contextlib.suppress(OSError):
+            conn.sendall(b"done\n")
+    emit(event="done", attempt=env.attempt)
+    return 0
+
+
+def main() -> int:
+    from topotrain.contract import TrainerEnv
+
+    signal.signal(signal.SIGUSR1, _crash)
+    env = TrainerEnv.from_env()
+    config = json.loads(os.environ.get("TOPOTRAIN_TRAINING_CONFIG", "{}") or "{}")
+    if env.node_rank:
+        return run_peer(env.master_addr, env.master_port, env.node_rank)
+    try:
+        return run_rank0(env, config)
+    except Exception as err:
+        emit(event="exit", reason=f"{type(err).__name__}: {err}"[:300])
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
