@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from topotrain import elastic
 from topotrain.api import FailurePolicy, Parallelism
 from topotrain.checkpoints import AttemptStart
+from topotrain.degrees import REASON as DEGREE_NOT_ALLOWED
 from topotrain.planning import PlanOutcome
 from topotrain.policy import (
     APPLICATION,
@@ -150,8 +151,8 @@ class StatusBuilder:
         self._waiting_phase()
         if self.set(C.SCHEDULABLE, False, reason or Reason.INSUFFICIENT_CAPACITY, message):
             self._event(WARNING, reason or Reason.INSUFFICIENT_CAPACITY, message)
-        if reason == Reason.UNKNOWN_GPU_TYPE:
-            self.config_invalid(reason, message)
+        if reason in (Reason.UNKNOWN_GPU_TYPE, DEGREE_NOT_ALLOWED):
+            self.config_invalid(reason, message)  # no capacity change can fix it: the spec must
 
     def placed(
         self, outcome: PlanOutcome, par: Parallelism, previous_data: int, resume: int | None

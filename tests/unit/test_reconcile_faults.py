@@ -296,3 +296,21 @@ def test_an_implausible_trainer_clock_falls_back_to_the_operators_observation() 
                checkpoint=replace(beat(201, attempt=1), progress_start=skewed))
     assert d.status.recovery is not None and d.status.recovery.time_to_first_step_seconds == 25.0
     assert d.first_step == (25.0, "infrastructure")
+
+
+def test_a_spec_with_no_allowed_degree_is_a_configuration_problem() -> None:
+    """A spec stored before the allowed-degree rule (CEL now refuses it): no trainer is started
+    to exit 78; ConfigValid says which field to fix."""
+    from topotrain.degrees import REASON
+    from topotrain.planning import PlanOutcome
+
+    class NoDegree(FakePlanner):
+        def plan(self, low: int, high: int) -> PlanOutcome:
+            return PlanOutcome(False, reason=REASON, message="spec.parallelism.data=3 is not an "
+                               "allowed data degree: training.globalBatch=64 ...")
+
+    d, _ = run(observed(planner=NoDegree()))
+    assert d.launch is None
+    cond = d.status.condition(C.CONFIG_VALID)
+    assert cond is not None and cond.status == "False" and cond.reason == REASON
+    assert "spec.parallelism.data=3" in cond.message and d.status.reason == REASON
