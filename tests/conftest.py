@@ -105,7 +105,16 @@ def s3_bucket(s3: S3Server, request: pytest.FixtureRequest) -> Iterator[str]:
     name = s3.create_bucket(_dns_name(f"t-{request.node.name}", 40))
     yield name
     client = s3.client()
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
-        for obj in page.get("Contents", []):
-            client.delete_object(Bucket=name, Key=obj["Key"])
-    client.delete_bucket(Bucket=name)
+    # An operator or trainer of the test may still write a last object while this runs (a
+    # fixture may be torn down before the operator's): empty and retry, a few times.
+    for attempt in range(5):
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
+            for obj in page.get("Contents", []):
+                client.delete_object(Bucket=name, Key=obj["Key"])
+        try:
+            client.delete_bucket(Bucket=name)
+            return
+        except client.exceptions.ClientError as exc:
+            if "BucketNotEmpty" not in str(exc) or attempt == 4:
+                raise
+            time.sleep(1)
