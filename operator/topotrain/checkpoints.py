@@ -5,6 +5,14 @@
     <uri>/<namespace>/<name>/progress.json           JSON {step, time, attempt, start?}, heartbeat
     <uri>/<namespace>/<name>/owner.json              JSON {uid, created}: whose run this is
 
+Each save writes its shards under an attempt directory of its own,
+`step-0000000042/attempt-<K>-<token>/` (K: TOPOTRAIN_ATTEMPT; token: random per
+trainer run), and COMMITTED names it (`"shards"`); readers load only that one.
+So a previous attempt still shutting down, or an earlier job of the same name,
+writing the same step can never mix its shards into a committed checkpoint.
+Checkpoints of the older layout (shards in the step directory, no `"shards"`)
+stay readable.
+
 A checkpoint exists only once its COMMITTED marker exists; everything else
 under a step directory is a partial upload. boto3 only (no torch), so the
 operator image stays small. URIs stay strings (`s3://bucket/key/prefix`).
@@ -50,6 +58,11 @@ def step_dir(prefix: str, step: int) -> str:
     return f"{prefix.rstrip('/')}/{STEP_PREFIX}{step:010d}"
 
 
+def attempt_dir(attempt: int, token: str) -> str:
+    """`attempt-3-9f2c41d0`: the directory one trainer run's save of a step writes into."""
+    return f"attempt-{attempt}-{token}"
+
+
 def split_uri(uri: str) -> tuple[str, str]:
     """`s3://bucket/a/b` -> ("bucket", "a/b")."""
     if not uri.startswith("s3://"):
@@ -81,6 +94,7 @@ class CommittedCheckpoint:
     time: datetime  # UTC, when it was committed
     mesh: Mapping[str, int] = field(default_factory=dict)  # {"tensor", "pipeline", "data"}
     bytes: int = 0  # total size of the shard files
+    shards: str = ""  # the attempt directory holding them; "" = the step directory (old layout)
 
 
 @dataclass(frozen=True)
@@ -242,6 +256,7 @@ class CheckpointStore:
                 time=_parse_time(str(doc["time"])),
                 mesh={str(k): int(v) for k, v in dict(doc.get("mesh", {})).items()},
                 bytes=int(doc.get("bytes", 0)),
+                shards=str(doc.get("shards", "")),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise CheckpointError(f"{self.step_uri(step)}/{COMMITTED} is malformed: {err}") from err
@@ -260,15 +275,17 @@ class CheckpointStore:
         return None
 
     def write_commit(
-        self, step: int, mesh: Mapping[str, int], bytes: int, time: datetime | None = None
+        self, step: int, mesh: Mapping[str, int], bytes: int, time: datetime | None = None,
+        *, shards: str = "",
     ) -> CommittedCheckpoint:
-        """Mark `step` complete. Call only after every shard of it is uploaded."""
+        """Mark `step` complete with the shards in `shards`. Call only after every one of
+        them is uploaded."""
         moment = time or _now()
-        self._write_json(
-            f"{self.step_key(step)}/{COMMITTED}",
-            {"step": step, "mesh": dict(mesh), "bytes": bytes, "time": _format_time(moment)},
-        )
-        return CommittedCheckpoint(step, self.step_uri(step), moment, dict(mesh), bytes)
+        doc: dict[str, Any] = {"step": step, "mesh": dict(mesh), "bytes": bytes, "time": _format_time(moment)}
+        if shards:
+            doc["shards"] = shards
+        self._write_json(f"{self.step_key(step)}/{COMMITTED}", doc)
+        return CommittedCheckpoint(step, self.step_uri(step), moment, dict(mesh), bytes, shards)
 
     # --- progress heartbeat -------------------------------------------------
 
@@ -317,25 +334,34 @@ class CheckpointStore:
 
     # --- shard files --------------------------------------------------------
 
-    def upload_file(self, step: int, name: str, path: Path | str) -> None:
-        """Upload one shard file into the step directory (multipart when large)."""
-        self.client.upload_file(str(path), self.bucket, f"{self.step_key(step)}/{name}")
+    def upload_file(self, step: int, name: str, path: Path | str, *, shards: str = "") -> None:
+        """Upload one shard file into the attempt directory `shards` of a step (multipart
+        when large); "" writes the old layout, into the step directory itself."""
+        key = "/".join(p for p in (self.step_key(step), shards, name) if p)
+        self.client.upload_file(str(path), self.bucket, key)
 
     def download_step(self, step: int, dest: Path | str) -> list[str]:
-        """Download every object of a step directory into `dest`; returns the names."""
-        dest_dir = Path(dest)
-        names = sorted(self.step_objects(step))
+        """Download the shards COMMITTED names (old layout: the step directory's own files)
+        into `dest`; returns the names."""
+        commit = self.read_commit(step)
+        shards = commit.shards if commit is not None else ""
+        inside = f"{shards}/" if shards else ""
+        names = sorted(n[len(inside):] for n in self.step_objects(step)
+                       if n.startswith(inside) and "/" not in n[len(inside):])  # fmt: skip
         for name in names:
-            target = dest_dir / name
+            target = Path(dest) / name
             target.parent.mkdir(parents=True, exist_ok=True)
-            self.client.download_file(self.bucket, f"{self.step_key(step)}/{name}", str(target))
+            key = "/".join(p for p in (self.step_key(step), shards, name) if p)
+            self.client.download_file(self.bucket, key, str(target))
         return names
 
     # --- retention ----------------------------------------------------------
 
     def delete_step(self, step: int) -> None:
         """Delete a step directory, its COMMITTED marker first (so it never looks complete)."""
-        names = sorted(self.step_objects(step), key=lambda n: n != COMMITTED)
+        self._delete(step, sorted(self.step_objects(step), key=lambda n: n != COMMITTED))
+
+    def _delete(self, step: int, names: list[str]) -> None:
         keys = [f"{self.step_key(step)}/{name}" for name in names]
         for start in range(0, len(keys), 1000):
             chunk: list[ObjectIdentifierTypeDef] = [{"Key": k} for k in keys[start : start + 1000]]
@@ -347,14 +373,20 @@ class CheckpointStore:
         may be uploads in flight and stay. Returns the deleted steps, ascending."""
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
-        committed = {c.step for c in self.list_committed()}
-        if not committed:
+        commits = {c.step: c for c in self.list_committed()}
+        if not commits:
             return []
-        kept = set(sorted(committed)[-keep:])
-        newest = max(committed)
+        kept = set(sorted(commits)[-keep:])
+        newest = max(commits)
         doomed = [s for s in self.step_dirs() if s not in kept and s < newest]
         for step in doomed:
             self.delete_step(step)
+        # Other attempts' shards in a kept step: garbage, except in the newest step, where a
+        # slower attempt may still be writing (and may yet commit its own, complete, copy).
+        for step in kept - {newest}:
+            if shards := commits[step].shards:
+                self._delete(step, [n for n in self.step_objects(step)
+                                    if n != COMMITTED and not n.startswith(f"{shards}/")])  # fmt: skip
         return doomed
 
 

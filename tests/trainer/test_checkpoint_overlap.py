@@ -147,6 +147,9 @@ def test_async_copy_overlaps_the_next_step_and_saves_the_state_it_was_taken_at(
     assert saved["copy_seconds"] > saved["stall_seconds"]
     committed = next(e for e in events if e["event"] == "checkpoint_committed")
     assert committed["step"] == 2
+    commit = store.read_commit(2)  # the save wrote into a directory of its own, which COMMITTED names
+    assert commit is not None and commit.shards.startswith("attempt-0-")
+    assert all(n == "COMMITTED" or n.startswith(commit.shards + "/") for n in store.step_objects(2))
     after = trained.snapshot()
     assert any(not torch.equal(after[k], at_save[k]) for k in at_save), "step 3 changed nothing"
 

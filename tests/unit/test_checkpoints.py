@@ -18,6 +18,7 @@ from botocore.exceptions import ClientError
 from topotrain.checkpoints import (
     COMMITTED,
     CheckpointStore,
+    attempt_dir,
     job_prefix,
     split_uri,
     step_dir,
@@ -214,3 +215,51 @@ def test_download_step_restores_every_shard(store: CheckpointStore, tmp_path: Pa
 def test_retention_rejects_keep_below_one(store: CheckpointStore) -> None:
     with pytest.raises(ValueError, match="keep"):
         store.apply_retention(0)
+
+
+def _save(store: CheckpointStore, step: int, shards: str, tmp_path: Path, fill: bytes, ranks: range) -> None:
+    """One attempt's uploads of `ranks`' shard files into its own directory of `step`."""
+    for rank in ranks:
+        shard = tmp_path / f"{shards}-{step}-{rank}"
+        shard.write_bytes(fill * (rank + 1))
+        store.upload_file(step, f"__{rank}_0.distcp", shard, shards=shards)
+
+
+def test_a_late_writer_never_mixes_its_shards_into_a_committed_step(
+    store: CheckpointStore, tmp_path: Path
+) -> None:
+    """Attempt 0, still shutting down, writes step 200 before and after attempt 1 commits it."""
+    old, new = attempt_dir(0, "aaaa0000"), attempt_dir(1, "bbbb1111")
+    _save(store, 200, old, tmp_path, b"o", range(0, 2))
+    _save(store, 200, new, tmp_path, b"n", range(0, 4))
+    store.write_commit(200, MESH, 10, shards=new)
+    _save(store, 200, old, tmp_path, b"o", range(2, 4))  # the old attempt's remaining ranks
+
+    commit = store.latest_committed()
+    assert commit is not None and (commit.step, commit.shards) == (200, new)
+    names = store.download_step(200, tmp_path / "restore")
+    assert names == [f"__{r}_0.distcp" for r in range(4)]
+    assert {(tmp_path / "restore" / n).read_bytes()[:1] for n in names} == {b"n"}, "mixed shards"
+
+
+def test_an_old_layout_checkpoint_still_restores(store: CheckpointStore, tmp_path: Path) -> None:
+    _write_shards(store, 7, tmp_path)  # shards straight in step-0000000007/, COMMITTED without "shards"
+    store.write_commit(7, MESH, 4)
+    assert store.read_commit(7).shards == ""  # type: ignore[union-attr]
+    assert store.download_step(7, tmp_path / "r") == sorted([".metadata", COMMITTED, "__0_0.distcp", "__1_0.distcp"])
+
+
+def test_retention_collects_other_attempts_shards_except_in_the_newest_step(
+    store: CheckpointStore, tmp_path: Path
+) -> None:
+    for step in (10, 20):
+        _save(store, step, attempt_dir(0, "aaaa0000"), tmp_path, b"o", range(1))  # never committed
+        _save(store, step, attempt_dir(1, "bbbb1111"), tmp_path, b"n", range(2))
+        store.write_commit(step, MESH, 3, shards=attempt_dir(1, "bbbb1111"))
+
+    assert store.apply_retention(keep=2) == []
+    assert sorted(store.step_objects(10)) == [COMMITTED, "attempt-1-bbbb1111/__0_0.distcp",
+                                              "attempt-1-bbbb1111/__1_0.distcp"]  # fmt: skip
+    # the newest step keeps a slower attempt's files: it may still be writing them
+    assert "attempt-0-aaaa0000/__0_0.distcp" in store.step_objects(20)
+    assert store.download_step(10, tmp_path / "r10") == ["__0_0.distcp", "__1_0.distcp"]

@@ -10,9 +10,11 @@ Saving a step:
      which is the rest of the stall;
   3. (background) DCP writes the copy to a rank-private staging directory on
      local disk (`__<rank>_0.distcp`; rank 0 also writes `.metadata`), then this
-     rank uploads its files with boto3 into `<job>/step-N/`;
-  4. every rank reports success over a gloo group; rank 0 writes `COMMITTED`
-     only if all uploads finished, then applies retention.
+     rank uploads its files with boto3 into `<job>/step-N/attempt-K-<token>/`, a
+     directory no other attempt or trainer run writes (K: this attempt; the
+     token is drawn by rank 0 once per run and shared with every rank);
+  4. every rank reports success over a gloo group; rank 0 writes `COMMITTED`,
+     naming that directory, only if all uploads finished, then applies retention.
 
 The stall (steps 1 and 2, plus any wait for the previous save) is reported as a
 `checkpoint_saved` event once the copy is complete. A failed upload (S3 outage)
@@ -36,6 +38,7 @@ import random
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -47,7 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from topotrain.checkpoints import AttemptStart, CheckpointStore
+from topotrain.checkpoints import AttemptStart, CheckpointStore, attempt_dir
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
@@ -181,6 +184,7 @@ class Checkpointer:
         keep: int,
         on_event: Callable[[dict[str, Any]], None] = lambda _: None,
         stager: AsyncStager | None = None,
+        attempt: int = 0,
     ) -> None:
         self.store = store
         self.staging = staging
@@ -191,6 +195,9 @@ class Checkpointer:
         # A separate gloo group: checkpoint collectives run on background threads
         # and must not interleave with training collectives.
         self.group = dist.new_group(backend="gloo")
+        token = [uuid.uuid4().hex[:8] if self.rank == 0 else ""]
+        dist.broadcast_object_list(token, src=0, group=self.group)
+        self.shards = attempt_dir(attempt, str(token[0]))  # this run's directory in each step
         self._stager = stager or make_stager()
         self._pending: _Pending | None = None
         self._inflight: threading.Thread | None = None
@@ -275,7 +282,7 @@ class Checkpointer:
             write()
             upload_began = time.perf_counter()
             for path in sorted(p for p in local.iterdir() if p.is_file()):
-                self.store.upload_file(step, path.name, path)
+                self.store.upload_file(step, path.name, path, shards=self.shards)
                 uploaded += path.stat().st_size
             upload_seconds = time.perf_counter() - upload_began
         except Exception as err:
@@ -292,7 +299,7 @@ class Checkpointer:
         total = sum(int(sent) for sent, _, _ in reports)
         if not failures:
             try:
-                self.store.write_commit(step, self.mesh_sizes, total)
+                self.store.write_commit(step, self.mesh_sizes, total, shards=self.shards)
                 deleted = self.store.apply_retention(self.keep)
                 self.on_event({
                     "event": "checkpoint_committed", "step": step, "bytes": total,
