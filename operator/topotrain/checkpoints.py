@@ -1,7 +1,7 @@
 """The checkpoint layout in S3, shared by the trainer (writes) and the operator (reads).
 
-    <uri>/<namespace>/<name>/step-0000000042/        DCP shard files + .metadata
-    <uri>/<namespace>/<name>/step-0000000042/COMMITTED  JSON {step, mesh, bytes, time}, last
+    <uri>/<namespace>/<name>/step-0000000042/attempt-3-9f2c41d0/  DCP shard files + .metadata
+    <uri>/<namespace>/<name>/step-0000000042/COMMITTED  JSON {step, mesh, bytes, time, shards}, last
     <uri>/<namespace>/<name>/progress.json           JSON {step, time, attempt, start?}, heartbeat
     <uri>/<namespace>/<name>/owner.json              JSON {uid, created}: whose run this is
 
