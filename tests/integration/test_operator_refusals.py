@@ -74,7 +74,8 @@ def test_unschedulable_pods_say_why_then_their_nodes_are_avoided(cluster: Cluste
     cluster.apply(cluster.manifest(
         "llm", pipeline=1,  # 2 pods
         worker={"resources": {"requests": {"cpu": "100000"}}},  # more CPU than any node has
-        failurePolicy={"schedulingTimeoutSeconds": 5, "nodeFailureThreshold": 1},
+        # long enough that a loaded machine still polls the Unschedulable message in time
+        failurePolicy={"schedulingTimeoutSeconds": 20, "nodeFailureThreshold": 1},
     ))
     ready = wait_for("Ready says Unschedulable", lambda: (c := cluster.condition("llm", "Ready"))
                      and "Unschedulable" in c["message"] and c)

@@ -52,7 +52,8 @@ def test_stale_progress_restarts_the_gang(cluster: Cluster, s3: S3Server, s3_buc
     store.write_progress(40, 0, datetime.now(UTC) - timedelta(hours=1))  # the trainer went quiet
     cluster.apply(cluster.manifest("llm", pipeline=1, bucket=s3_bucket, s3=s3,
                                    failurePolicy={"progressTimeoutSeconds": 5}))
-    wait_for("attempt 0 Running", lambda: cluster.running_gang("llm", 0, 2))
+    # Attempt 0 is Running for only about progressTimeoutSeconds: a loaded machine may poll
+    # too late to see it, so the restart itself is what the test waits for.
     status = wait_for("restart for the hang", lambda: (s := cluster.status("llm")).get("lastFailure") and s)
     assert status["lastFailure"]["reason"] == "ProgressStalled"
     wait_for("attempt 1 exists", lambda: cluster.status("llm").get("attempt", 0) >= 1)
