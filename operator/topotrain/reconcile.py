@@ -121,7 +121,15 @@ def reconcile(obs: Observed) -> Decision:
             return _finish(decision, sb)
     else:
         sb.config_ok()
-    if not current:
+    if not current and sb.status.phase == "Running":
+        # The Running gang vanished whole before a pass saw a pod go (a one-pod gang's pod
+        # deleted, a lost node's pods collected): a failure, never a relaunch of the same attempt.
+        data = sb.status.parallelism.data if sb.status.parallelism else obs.spec.parallelism.data
+        expected = elastic.pods_for(obs.spec.parallelism, data, obs.spec.worker.gpus_per_pod)
+        gone = policy.detect_failure([], expected, obs.nodes, obs.spec.failure_policy, started=True)
+        if gone is not None:
+            _on_failure(obs, sb, decision, attempt, [], gone)
+    elif not current:
         _launch(obs, sb, decision, attempt)
     else:
         _steady(obs, sb, decision, attempt, current)
@@ -300,7 +308,10 @@ def _hang(obs: Observed, sb: StatusBuilder, attempt: int) -> policy.Failure | No
     heartbeat = None
     if progress is not None and progress.attempt == attempt and progress.observed_time:
         heartbeat = sb.parse(progress.observed_time)  # an earlier attempt's: still starting
-    since = [t for t in (sb.running_since(), sb.store_reachable_since()) if t is not None]
+    # Ready may have stayed True from an earlier attempt (no pass saw this one's pods Pending):
+    # the clock never starts before this attempt's pods were created.
+    clocks = (sb.running_since(), sb.store_reachable_since(), sb.attempt_started())
+    since = [t for t in clocks if t is not None]
     return policy.stalled_failure(
         heartbeat, max(since) if since else None, obs.spec.failure_policy, obs.now,
     )
