@@ -88,9 +88,11 @@ class Observer:
         except Exception as exc:  # boto3 raises many kinds; all mean "unknown now"
             log.warning("checkpoint store of %s/%s unreadable: %s", namespace, name, exc)
             return None, CheckpointView(reachable=False, error=_short(exc))
-        if refused is not None:
+        if refused is not None and not started:
             return refused, CheckpointView()  # another run's steps are not this job's checkpoint
-        return None, CheckpointView(
+        # (a started job keeps its view, heartbeat included: a claim by another job stops
+        # further launches, not hang detection)
+        return refused, CheckpointView(
             step=latest.step if latest else None, uri=latest.uri if latest else None,
             time=latest.time if latest else None,
             progress_step=progress.step if progress else None,
