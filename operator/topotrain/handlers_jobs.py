@@ -48,7 +48,9 @@ def refusal_condition(refused: Mapping[str, str]) -> tuple[str, str]:
     """(reason, message) of a PodsCreated=False condition from the API server's refusals."""
     name, text = next(iter(sorted(refused.items())))
     code = text.split(":", 1)[0]
-    if code == "403" and "exceeded quota" in text:
+    if code == "409" and "not owned by this TrainingJob" in text:
+        reason = Reason.FOREIGN_OBJECT  # another object's pod holds the name: wait, never fail
+    elif code == "403" and "exceeded quota" in text:
         reason = Reason.QUOTA_EXCEEDED
     elif code in ("400", "422"):
         reason = Reason.POD_SPEC_INVALID

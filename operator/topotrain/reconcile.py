@@ -227,9 +227,11 @@ def _refused_too_long(obs: Observed, sb: StatusBuilder, decision: Decision) -> b
     True when this pass must not create pods (waiting to retry, or the job just Failed).
     """
     cond = sb.status.condition(C.PODS_CREATED)
-    if cond is None or cond.status != "False" or cond.reason not in REFUSALS:
+    if cond is None or cond.status != "False" or cond.reason not in (*REFUSALS, Reason.FOREIGN_OBJECT):
         return False
     limit = obs.spec.failure_policy.scheduling_timeout_seconds
+    if cond.reason == Reason.FOREIGN_OBJECT:
+        limit = 0  # a namesake's pod goes away by itself: wait for it, however long
     since = sb.parse(cond.last_transition_time) if cond.last_transition_time else obs.now
     refused_for = (obs.now - since).total_seconds()
     if limit > 0 and refused_for > limit:

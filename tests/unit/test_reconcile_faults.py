@@ -314,3 +314,16 @@ def test_a_spec_with_no_allowed_degree_is_a_configuration_problem() -> None:
     cond = d.status.condition(C.CONFIG_VALID)
     assert cond is not None and cond.status == "False" and cond.reason == REASON
     assert "spec.parallelism.data=3" in cond.message and d.status.reason == REASON
+
+
+def test_a_namesakes_pod_in_the_way_is_waited_for_never_failed() -> None:
+    from topotrain.reconcile_status import StatusBuilder
+
+    _, obs = run(observed(spec=spec(schedulingTimeoutSeconds=60)))
+    sb = StatusBuilder(obs.status, obs.generation, at(0))
+    sb.pods_refused(Reason.FOREIGN_OBJECT, "409: pod job-0-1 exists and is not owned by this TrainingJob")
+    obs = replace(obs, status=sb.status, last_refusal=at(0))
+    d, _ = run(obs, now=at(5))
+    assert d.launch is None and d.requeue_after is not None  # no hot loop of creates
+    d, _ = run(obs, now=at(3600))
+    assert d.status.phase != "Failed" and d.launch is not None
