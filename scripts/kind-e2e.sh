@@ -42,7 +42,8 @@ export PYTHONPATH="$root/operator:$root/trainer_image:$root${PYTHONPATH:+:$PYTHO
 
 timed "images" scripts/kind/images.sh
 log "smoke: the trainer image's --help and a three-step training in one process"
-docker run --rm "$trainer_image" --help >/dev/null
+# (the trainer has no --help of its own: its argparse entry point is `prepare`)
+docker run --rm "$trainer_image" prepare --help >/dev/null
 docker run --rm -e TOPOTRAIN_TRAINING_CONFIG='{"model":"tiny","steps":3,"globalBatch":2,"microBatch":1,"metricsPort":0}' \
   "$trainer_image" 2>&1 | tail -n 2
 docker run --rm "$operator_image" --help >/dev/null

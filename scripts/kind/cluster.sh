@@ -93,7 +93,14 @@ node_gpus() {
   done
 }
 
+# The node network, created here as IPv4 only: when kind creates its own it adds
+# IPv6, and dockerd then turns on the host's net.ipv6.conf.all.forwarding.
+network=${KIND_EXPERIMENTAL_DOCKER_NETWORK:-}
+
 create() {
+  [ -n "$network" ] || die "set KIND_EXPERIMENTAL_DOCKER_NETWORK (scripts/kind-e2e.sh does)"
+  docker network inspect "$network" >/dev/null 2>&1 \
+    || docker network create --driver bridge --label io.topotrain.kind="$cluster" "$network" >/dev/null
   ln -sf "$kind_root/scripts/kind/docker" "$kind_cache/wrap/docker"
   effective_config > "$state/kind-config.yaml"
   if ! kind get clusters 2>/dev/null | grep -qx "$cluster"; then
@@ -112,6 +119,7 @@ create() {
 delete() {
   ln -sf "$kind_root/scripts/kind/docker" "$kind_cache/wrap/docker"
   timed "kind delete cluster" kind delete cluster --name "$cluster" >&2
+  [ -z "$network" ] || docker network rm "$network" >/dev/null 2>&1 || true
   rm -rf "$state"
 }
 

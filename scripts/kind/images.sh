@@ -30,7 +30,6 @@ simple_image() {
 component_images() {
   local ctx
   ctx=$(mktemp -d)
-  trap 'rm -rf "$ctx"' RETURN
   local b base_id
   base_id=$(image_id "$debian")
   for b in kube-apiserver kube-controller-manager kube-scheduler; do
@@ -64,6 +63,7 @@ ENTRYPOINT [\"/coredns\"]"
 COPY pause /pause
 USER 65535:65535
 ENTRYPOINT [\"/pause\"]"
+  rm -rf "$ctx"
 }
 
 # The node's base: Debian packages, kind's own base-image files (from the kind
@@ -73,7 +73,6 @@ node_base() {
   local kind_files ctx key tag
   kind_files=$(go_module_dir sigs.k8s.io/kind "$KIND_VERSION")/images/base/files
   ctx=$(mktemp -d)
-  trap 'rm -rf "$ctx"' RETURN
   cp -r "$kind_files" "$ctx/files"
   chmod -R u+w "$ctx/files"
   mkdir -p "$ctx/bin"
@@ -84,7 +83,7 @@ node_base() {
   key=$(key_of "$(image_id "$debian")" "$KIND_VERSION" "$ctx"/bin/* "$ctx/topotrain-node-init" node-base-v2 "$KUBERNETES_VERSION" \
     "$repo" "$PAUSE_VERSION")
   tag="$repo/kind-node-base:$KUBERNETES_VERSION"
-  have_image "$tag" "$key" && { echo "$tag"; return 0; }
+  if have_image "$tag" "$key"; then rm -rf "$ctx"; echo "$tag"; return 0; fi
   cat > "$ctx/Dockerfile" <<DOCKERFILE
 FROM $debian
 RUN apt-get update && apt-get install -y --no-install-recommends \
@@ -120,6 +119,7 @@ STOPSIGNAL SIGRTMIN+3
 ENTRYPOINT ["/usr/local/bin/topotrain-node-init", "/usr/local/bin/entrypoint", "/sbin/init"]
 DOCKERFILE
   docker_build -q -t "$tag" --label "io.topotrain.key=$key" "$ctx" >/dev/null
+  rm -rf "$ctx"
   save_image "$tag" "$key"
   echo "$tag"
 }
@@ -137,8 +137,6 @@ build_node() {
   have_image "$tag" "$key" && return 0
   local cid
   cid=$(docker run -d --entrypoint sleep "$base" infinity)
-  # shellcheck disable=SC2064
-  trap "docker rm -f -v $cid >/dev/null 2>&1 || true" RETURN
   docker exec "$cid" bash -c 'nohup containerd >/tmp/containerd.log 2>&1 &'
   for _ in $(seq 30); do docker exec "$cid" ctr version >/dev/null 2>&1 && break; sleep 1; done
   for t in "${images[@]}"; do
@@ -149,13 +147,13 @@ build_node() {
   docker commit --change "LABEL io.topotrain.key=$key" \
     --change 'ENTRYPOINT ["/usr/local/bin/topotrain-node-init", "/usr/local/bin/entrypoint", "/sbin/init"]' \
     --change 'CMD []' "$cid" "$tag" >/dev/null
+  docker rm -f -v "$cid" >/dev/null
   save_image "$tag" "$key"
 }
 
 build_s3() {
   local ctx
   ctx=$(mktemp -d)
-  trap 'rm -rf "$ctx"' RETURN
   cp "$tb_bin/versitygw" "$ctx/"
   simple_image "$repo/s3:$VERSITYGW_VERSION" "$(key_of "$(image_id "$debian")" "$ctx/versitygw")" "$ctx" \
     "FROM $debian
@@ -165,6 +163,7 @@ RUN useradd --system --uid 65532 --home-dir /data --shell /usr/sbin/nologin s3 \
 USER 65532
 EXPOSE 7070
 ENTRYPOINT [\"/usr/local/bin/versitygw\"]"
+  rm -rf "$ctx"
 }
 
 # Our Dockerfiles: docker build's layer cache makes a warm run fast.

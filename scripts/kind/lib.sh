@@ -54,7 +54,7 @@ save_image() {
 key_of() {
   local a
   for a in "$@"; do
-    if [ -f "$a" ]; then sha256sum "$a"; else echo "$a"; fi
+    if [ -f "$a" ]; then sha256sum < "$a"; else echo "$a"; fi
   done | sha256sum | cut -c1-16
 }
 
