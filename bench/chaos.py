@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from testbed.chaos.catalogue import Kind  # noqa: E402
-from testbed.chaos.soak import SoakConfig, run_soak, summary  # noqa: E402
+from testbed.chaos.report import table  # noqa: E402
+from testbed.chaos.soak import SoakConfig, replay, run_soak, summary  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", default="150-250", help="steps per job, a range LOW-HIGH")
     parser.add_argument("--kinds", default="", help="comma-separated fault classes (default: all)")
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--replay", type=Path, default=None, help="re-check a recorded history.jsonl")
     args = parser.parse_args(argv)
+    if args.replay is not None:
+        verdicts, rows = replay(args.replay)
+        print(table(rows), "", *(v.line() for v in verdicts), sep="\n")
+        return 0 if all(v.ok for v in verdicts) else 1
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 20)
     kinds = {Kind(k) for k in args.kinds.split(",") if k} or None
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix=f"chaos-{seed}-", dir=ROOT / ".testbed"))

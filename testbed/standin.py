@@ -159,7 +159,7 @@ def run_rank0(env: Any, config: dict[str, Any]) -> int:
             emit(event="exit", reason=f"checkpoint {env.resume_step} holds step {saved['step']}")
             return 1
         state, start = int(saved["state"]), env.resume_step + 1
-    emit(event="start", attempt=env.attempt, resume=env.resume_step, data=env.data)
+    emit(event="start", attempt=env.attempt, resume=env.resume_step, data=env.data, pods=env.nnodes)
     try:
         conns = _rendezvous(env.master_port, env.nnodes - 1)
     except OSError as err:

@@ -17,7 +17,10 @@ output and S3.
    attempt unless a condition says why;
 6. lost work per restart <= one checkpoint interval + steps since the last commit;
 7. retention: <= keep + 1 committed checkpoints, the newest never deleted;
-8. memory: the operator's RSS peak and slope stay bounded.
+8. memory: the operator's RSS peak and slope stay bounded;
+9. restarts: every new attempt follows a fault that touched its job (or is a
+   resize), so a restart loop the operator makes up by itself is caught even
+   when it ends in a budget-exhausted Failed.
 """
 
 from __future__ import annotations
@@ -68,6 +71,12 @@ def check_exclusive(t: Timeline) -> Verdict:
         problems += [f"t={record['t']:.0f}: {n} live pods for {key}" for key, n in live.items() if n > 1]
         problems += [f"t={record['t']:.0f}: {job} attempts {sorted(a)} Running together"
                      for job, a in running.items() if len(a) > 1]  # fmt: skip
+    uids: dict[tuple[str, int | None, int | None], set[str]] = defaultdict(set)
+    for record in t.api:
+        for pod in t.job_pods(record):
+            uids[(pod["job"], pod["attempt"], pod["index"])].add(pod["uid"])
+    problems += [f"{job} attempt {attempt} index {index}: {len(u)} pods, the attempt was reused"
+                 for (job, attempt, index), u in sorted(uids.items(), key=str) if len(u) > 1]  # fmt: skip
     for job in t.events:
         spans: dict[int, tuple[float, float]] = {}
         for step in t.steps(job):
@@ -198,6 +207,44 @@ def memory_samples(records: list[dict[str, object]]) -> list[tuple[float, float]
     return [(float(r["t"]), max(r["mib"].values())) for r in records if r["type"] == "rss"]  # type: ignore[arg-type, attr-defined]
 
 
+def check_restarts_explained(t: Timeline, window: float = 120.0, per_fault: int = 3) -> Verdict:
+    """Every new attempt follows a fault that touched the job (at most `per_fault` restarts per
+    fault and job, within `window` seconds of its end), or changes the data degree (a resize)."""
+    heals = {r["index"]: r["t"] for r in t.heals}
+    causes = [(f["t"], heals.get(f["index"], f["t"]), set(f["jobs"]), f["kind"]) for f in t.faults]
+    causes += [(r["t"], r["t"], {r["job"]}, "bad-node") for r in t.crashes]
+    problems, checked = [], 0
+    for job in sorted(t.created):
+        used: dict[int, int] = defaultdict(int)
+        ordered = _attempt_sizes(t, job)
+        for (_, size_a, _), (number, size_b, at) in itertools.pairwise(ordered):
+            if size_a != size_b:
+                continue  # a resize (elastic shrink or grow, kubectl scale)
+            checked += 1
+            found = next((i for i, (start, healed, jobs, _) in enumerate(causes) if job in jobs
+                          and start - 2 <= at <= healed + window and used[i] < per_fault), None)  # fmt: skip
+            if found is None:
+                problems.append(f"{job} attempt {number} at t={at:.0f}: no fault explains it")
+            else:
+                used[found] += 1
+    return verdict("9 no restart without a fault", checked, problems)
+
+
+def _attempt_sizes(t: Timeline, job: str) -> list[tuple[int, int, float]]:
+    """(attempt, pods, first seen) of every attempt the API server or the trainer showed.
+
+    A gang restarted again within a second may never reach a poll, but its trainer's start
+    event does (and the reverse: pods killed before their process started)."""
+    seen: dict[int, tuple[int, float]] = {}
+    for (name, number), attempt in t.attempts().items():
+        if name == job:
+            seen[number] = (attempt.size, attempt.created)
+    for start in t.starts(job):
+        size, at = seen.get(start["attempt"], (0, start["time"]))
+        seen[start["attempt"]] = (size or int(start.get("pods") or 0), min(at, start["time"]))
+    return [(n, size, at) for n, (size, at) in sorted(seen.items())]
+
+
 def check_memory(samples: list[tuple[float, float]], peak_limit: float = 1024.0) -> Verdict:
     problems: list[str] = []
     if samples:
@@ -228,4 +275,4 @@ def check_all(t: Timeline, records: list[dict[str, object]],
               expected: Callable[[int, int], dict[int, float]]) -> list[Verdict]:  # fmt: skip
     return [check_resume(t), check_exclusive(t), check_gpus(t), check_outcomes(t, expected),
             check_availability(t), check_lost_work(t), check_retention(t),
-            check_memory(memory_samples(records))]  # fmt: skip
+            check_memory(memory_samples(records)), check_restarts_explained(t)]  # fmt: skip

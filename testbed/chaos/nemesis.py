@@ -293,10 +293,11 @@ class Nemesis:
         live = [p for p in pods if p.status.phase not in ("Succeeded", "Failed")]
         quota = {"metadata": {"name": QUOTA_NAME}, "spec": {"hard": {"pods": str(len(live))}}}
         runs = self._runs()
-        self._record(fault, [r.job for r in runs[:1]], pods=len(live))
+        victim = choose_run(runs, fault.pick) if runs else None
+        self._record(fault, [victim.job] if victim else [], pods=len(live))
         self.rig.core.create_namespaced_resource_quota(self.rig.namespace, quota)
-        if runs:
-            self._crash(choose_run(runs, fault.pick))
+        if victim is not None:
+            self._crash(victim)
         self._stop.wait(fault.duration)
         self.rig.core.delete_namespaced_resource_quota(QUOTA_NAME, self.rig.namespace)
         self._heal(fault)

@@ -11,6 +11,7 @@ from typing import Any
 from testbed.chaos.timeline import Timeline, percentile
 
 AFTERMATH = 240.0  # a job that steps again later than this after a fault is not its recovery
+RESTART_WINDOW = 30.0  # an attempt started this long after a fault ended is the fault's restart
 
 
 @dataclass
@@ -23,27 +24,31 @@ class ClassRow:
 
 
 def recovery(t: Timeline, job: str, at: float, healed: float) -> tuple[float, bool, int] | None:
-    """(seconds until the job stepped again, whether a new attempt did, steps lost) for a fault at `at`."""
+    """(seconds, restarted, steps lost) for a fault at `at` that ended at `healed`.
+
+    A new attempt that started between the fault and `RESTART_WINDOW` s after its end is its
+    restart: seconds from the fault to that attempt's first step. Otherwise seconds from the
+    fault's end to the job's next step."""
     steps = t.steps(job)
     before = [s for s in steps if s["time"] <= at]
     old = before[-1]["attempt"] if before else -1
-    for step in steps:
-        if step["time"] <= at or step["time"] > at + AFTERMATH:
-            continue
-        if step["attempt"] > old:
-            reached = max((s["step"] for s in steps if s["time"] <= step["time"] and s["attempt"] <= old), default=0)
-            start = next((e for e in t.starts(job) if e["attempt"] == step["attempt"]), {})
-            return step["time"] - at, True, max(0, reached - (start.get("resume") or 0))
-        if step["time"] >= healed:
-            return step["time"] - at, False, 0
-    return None
+    restart = next((e for e in t.starts(job)
+                    if e["attempt"] > old and at <= e["time"] <= healed + RESTART_WINDOW), None)  # fmt: skip
+    if restart is not None:
+        first = next((s for s in steps if s["attempt"] == restart["attempt"]), None)
+        if first is None or first["time"] > at + AFTERMATH:
+            return None
+        reached = max((s["step"] for s in steps if s["time"] <= restart["time"]), default=0)
+        return first["time"] - at, True, max(0, reached - (restart.get("resume") or 0))
+    after = next((s for s in steps if healed <= s["time"] <= healed + AFTERMATH), None)
+    return None if after is None else (after["time"] - healed, False, 0)
 
 
 def class_rows(t: Timeline, records: list[dict[str, Any]]) -> dict[str, ClassRow]:
     rows: dict[str, ClassRow] = defaultdict(ClassRow)
     heals = {r["index"]: r["t"] for r in records if r["type"] == "heal"}
     for r in records:
-        if r["type"] == "fault-skipped":
+        if r["type"] in ("fault-skipped", "fault-error"):
             rows[r["kind"]].skipped += 1
     for fault in t.faults:
         row = rows[fault["kind"]]
@@ -76,8 +81,9 @@ def goodput(t: Timeline, step_seconds: float) -> float:
 
 
 def table(rows: dict[str, ClassRow]) -> str:
-    head = "| fault class | injected | skipped | recoveries | recovery p50 s | p95 s | max s | lost steps |"
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    head = ("| fault class | injected | not injected | jobs hit | restarts | recovery p50 s | p95 s "
+            "| max s | lost steps |")  # fmt: skip
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     total = ClassRow()
     for kind in sorted(rows):
         row = rows[kind]
@@ -94,5 +100,6 @@ def table(rows: dict[str, ClassRow]) -> str:
 def _line(name: str, row: ClassRow) -> str:
     p50, p95 = percentile(row.seconds, 0.5), percentile(row.seconds, 0.95)
     top = max(row.seconds) if row.seconds else float("nan")
-    return (f"| {name} | {row.injected} | {row.skipped} | {row.recoveries} | {p50:.1f} | {p95:.1f} "
+    return (f"| {name} | {row.injected} | {row.skipped} | {len(row.seconds)} | {row.recoveries} "
+            f"| {p50:.1f} | {p95:.1f} "
             f"| {top:.1f} | {row.lost} |")  # fmt: skip

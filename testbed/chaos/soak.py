@@ -4,6 +4,7 @@ bounded test asserts."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -61,9 +62,14 @@ def run_soak(config: SoakConfig, workdir: Path, log: Any = print) -> SoakResult:
     plan = schedule(config.seed, config.faults, config.mean_gap, kinds)
     log(f"chaos soak: seed {config.seed}, {len(plan)} faults over ~{plan[-1].at:.0f}s, "
         f"{config.jobs} concurrent jobs, {config.replicas} operator replica(s); workdir {workdir}")  # fmt: skip
+    workdir.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(workdir / "soak.log")  # the harness's and clients' complaints
+    logging.getLogger().addHandler(handler)
     load: list[float] = []
     with Rig(workdir, config.seed, config.jobs, config.replicas) as rig:
         log(f"testbed, fleet and stack up in {rig.setup_seconds:.0f}s ({len(rig.node_names)} nodes)")
+        rig.history.add("soak-start", namespace=rig.namespace, seed=config.seed, faults=config.faults,
+                        jobs=config.jobs, replicas=config.replicas, nodes=len(rig.node_names))  # fmt: skip
         rig.workload = Workload(rig, config.seed, config.jobs, config.steps, config.step_seconds)
         rig.workload.tick(keep_going=True)
         nemesis = Nemesis(rig, plan)
@@ -88,6 +94,7 @@ def run_soak(config: SoakConfig, workdir: Path, log: Any = print) -> SoakResult:
             rig.history.add("trainer-events", job=job, events=[e for e in events if "event" in e])
         records = list(rig.history.records)
         namespace, setup = rig.namespace, rig.setup_seconds
+    logging.getLogger().removeHandler(handler)
     timeline = Timeline.of(records, namespace)
     samples = checkers.memory_samples(records)
     return SoakResult(
@@ -113,3 +120,13 @@ def summary(result: SoakResult) -> str:
         f"history: {result.workdir / 'history.jsonl'}",
     ]  # fmt: skip
     return "\n".join(lines)
+
+
+def replay(history: Path) -> tuple[list[Verdict], dict[str, report.ClassRow]]:
+    """Run the checkers and the report again on a recorded history (no cluster needed)."""
+    import json
+
+    records = [json.loads(line) for line in history.read_text().splitlines() if line.strip()]
+    start = next(r for r in records if r["type"] == "soak-start")
+    timeline = Timeline.of(records, start["namespace"])
+    return checkers.check_all(timeline, records, expected_losses), report.class_rows(timeline, records)

@@ -41,6 +41,7 @@ class Attempt:
     created: float
     resumes: set[str | None] = field(default_factory=set)
     pods: set[str] = field(default_factory=set)
+    size: int = 0  # pods in the gang: the highest index seen + 1
 
 
 @dataclass
@@ -52,6 +53,8 @@ class Timeline:
     created: dict[str, dict[str, Any]]  # job -> its job-created record
     deleted: dict[str, float]  # job -> when the soak deleted it
     events: dict[str, list[dict[str, Any]]]  # job -> the stand-in's events (node rank 0)
+    heals: list[dict[str, Any]] = field(default_factory=list)
+    crashes: list[dict[str, Any]] = field(default_factory=list)  # bad-node crashes
 
     @classmethod
     def of(cls, records: list[dict[str, Any]], namespace: str) -> Timeline:
@@ -67,6 +70,8 @@ class Timeline:
             {r["job"]: r for r in records if r["type"] == "job-created"},
             {r["job"]: r["t"] for r in records if r["type"] == "job-deleted"},
             dict(events),
+            [r for r in records if r["type"] == "heal"],
+            [r for r in records if r["type"] == "bad-node-crash"],
         )
 
     def job_pods(self, record: dict[str, Any]) -> list[dict[str, Any]]:
@@ -85,6 +90,7 @@ class Timeline:
                     attempt.pods.add(pod["uid"])
                     attempt.resumes.add(pod["resume"] or None)
                     attempt.created = min(attempt.created, created)
+                attempt.size = max(attempt.size, (pod["index"] or 0) + 1)
         return found
 
     def commits(self) -> dict[str, dict[int, float]]:

@@ -147,9 +147,9 @@ def test_a_long_stretch_without_a_running_attempt_needs_a_condition() -> None:
 
 def test_lost_work_beyond_an_interval_past_the_last_commit_is_a_violation() -> None:
     def records(resume: int) -> list[dict[str, Any]]:
-        events = steps_events(5, 1, 27, 0, T0) + [
-            {"event": "start", "attempt": 1, "resume": resume, "time": T0 + 40}
-        ] + steps_events(5, resume + 1, 30, 1, T0 + 41 - resume)  # fmt: skip
+        restart = {"event": "start", "attempt": 1, "resume": resume, "time": T0 + 40}
+        events = [*steps_events(5, 1, 27, 0, T0), restart,
+                  *steps_events(5, resume + 1, 30, 1, T0 + 41 - resume)]  # fmt: skip
         return [created("a"), s3(T0 + 30, {"a": [(10, T0 + 11), (20, T0 + 21)]}),
                 {"t": T0 + 99, "type": "trainer-events", "job": "a", "events": events}]  # fmt: skip
 
@@ -185,3 +185,26 @@ def test_the_same_seed_replays_the_same_schedule() -> None:
     assert all(b.at >= a.at + a.duration for a, b in itertools.pairwise(outages))
     assert schedule(7, 50, 3.0, {Kind.POD_DELETED}) == [f for f in schedule(7, 50, 3.0, {Kind.POD_DELETED})]
     assert choose(["b", "a", "c"], 0.99) == "c" and choose([], 0.5) is None
+
+
+def test_an_attempt_number_used_twice_is_a_violation() -> None:
+    reused = [api(T0, [pod("a", 0, 0, uid="first")]), api(T0 + 9, [pod("a", 0, 0, uid="second")])]
+    verdict = checkers.check_exclusive(timeline(reused))
+    assert not verdict.ok and "attempt 0 index 0: 2 pods, the attempt was reused" in verdict.details[0]
+
+
+def test_restarts_need_a_fault_that_touched_the_job_or_a_resize() -> None:
+    def start(attempt: int, at: float, pods: int = 2) -> dict[str, Any]:
+        return {"event": "start", "attempt": attempt, "resume": None, "pods": pods, "time": at}
+
+    crash = {"t": T0 + 10, "type": "fault", "index": 0, "kind": "trainer-crash", "jobs": ["a"], "duration": 0}
+    starts = [start(0, T0), start(1, T0 + 12), start(2, T0 + 300, pods=1)]  # 2: a shrink
+    records = [created("a"), crash, {"t": T0 + 400, "type": "trainer-events", "job": "a", "events": starts}]
+    assert checkers.check_restarts_explained(timeline(records)).ok
+    # A loop of five more restarts soon after the crash (one caught only on the API server):
+    loop = [*starts[:2], *(start(2 + i, T0 + 20 + i) for i in range(4))]
+    records[-1] = {"t": T0 + 400, "type": "trainer-events", "job": "a", "events": loop}
+    records.append(api(T0 + 25, [pod("a", 6, 0, created=T0 + 25), pod("a", 6, 1, created=T0 + 25)]))
+    verdict = checkers.check_restarts_explained(timeline(records))
+    assert not verdict.ok and len(verdict.details) == 3  # one crash explains three restarts, not six
+    assert "attempt 4 at" in verdict.details[0] and "no fault explains it" in verdict.details[0]
