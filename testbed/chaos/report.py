@@ -103,3 +103,14 @@ def _line(name: str, row: ClassRow) -> str:
     return (f"| {name} | {row.injected} | {row.skipped} | {len(row.seconds)} | {row.recoveries} "
             f"| {p50:.1f} | {p95:.1f} "
             f"| {top:.1f} | {row.lost} |")  # fmt: skip
+
+
+def not_injected(records: list[dict[str, Any]]) -> str:
+    """Why faults were not injected, counted: no target at that moment, or the API refused."""
+    counts: dict[str, int] = defaultdict(int)
+    for r in records:
+        if r["type"] == "fault-skipped":
+            counts[f"{r['kind']}: {r['why']}"] += 1
+        elif r["type"] == "fault-error":
+            counts[f"{r['kind']}: {r['error'].split(':', 1)[0]}"] += 1
+    return "; ".join(f"{why} x{n}" for why, n in sorted(counts.items(), key=lambda i: -i[1]))

@@ -48,6 +48,7 @@ class SoakResult:
     seconds: float
     setup_seconds: float
     load: list[float] = field(default_factory=list)
+    skipped: str = ""
     rss_peak: float = 0.0
     rss_slope: float = 0.0
     workdir: Path = Path()
@@ -100,7 +101,7 @@ def run_soak(config: SoakConfig, workdir: Path, log: Any = print) -> SoakResult:
     return SoakResult(
         config, plan, checkers.check_all(timeline, records, expected_losses),
         report.class_rows(timeline, records), report.goodput(timeline, config.step_seconds),
-        seconds, setup, load, max((m for _, m in samples), default=0.0),
+        seconds, setup, load, report.not_injected(records), max((m for _, m in samples), default=0.0),
         checkers.slope_mib_per_hour(samples), workdir,
     )  # fmt: skip
 
@@ -113,7 +114,7 @@ def summary(result: SoakResult) -> str:
         f"{c.replicas} operator replica(s); ran {result.seconds:.0f}s (+{result.setup_seconds:.0f}s set-up)",
         f"machine load average (1 min): mean {sum(load) / len(load):.1f}, max {max(load):.1f}, "
         f"{os.cpu_count()} CPUs",
-        "", report.table(result.rows), "",
+        "", report.table(result.rows), "", f"not injected: {result.skipped or 'none'}",
         f"fleet goodput: {result.goodput:.1%}",
         f"operator RSS: peak {result.rss_peak:.0f} MiB, slope {result.rss_slope:+.0f} MiB/h", "",
         *(v.line() for v in result.verdicts),
