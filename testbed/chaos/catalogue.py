@@ -6,7 +6,9 @@ when it starts (seconds from the start of the soak), how long it lasts (0 for
 an instant fault) and a few seeded choices (`pick`, a float in [0, 1) the
 nemesis turns into a pod, node or job among those that exist at that moment,
 and `size`, the fault's strength). Faults overlap: a long one (an outage, a
-node down) keeps going while the next ones arrive.
+node down) keeps going while the next ones arrive. Faults that hit every job
+at once (S3, the API server, the operator, a quota) come one at a time with
+CALM seconds between them.
 """
 
 from __future__ import annotations
@@ -56,9 +58,12 @@ CATALOGUE: dict[Kind, tuple[float, tuple[float, float]]] = {
     Kind.QUOTA: (3, (5, 15)),
     Kind.JOB_DELETED: (2, (0, 0)),
 }
-# At most this many faults of a class at once (more S3 outages at once are one outage).
-EXCLUSIVE = {Kind.S3_DOWN, Kind.S3_SLOW, Kind.S3_ERRORS, Kind.APISERVER_RESTART,
-             Kind.OPERATOR_KILL, Kind.OPERATOR_FAILOVER, Kind.CAPACITY_LOSS, Kind.QUOTA}  # fmt: skip
+# Faults that hit every job at once: one at a time, each followed by CALM seconds without
+# another, so their rate does not grow with the fleet and jobs get windows to make progress.
+GLOBAL = {Kind.S3_DOWN, Kind.S3_SLOW, Kind.S3_ERRORS, Kind.APISERVER_RESTART,
+          Kind.OPERATOR_KILL, Kind.OPERATOR_FAILOVER, Kind.QUOTA}  # fmt: skip
+CALM = 30.0
+EXCLUSIVE = GLOBAL | {Kind.CAPACITY_LOSS}  # never two of the class at once
 
 
 @dataclass(frozen=True)
@@ -85,7 +90,7 @@ def schedule(
         raise ValueError("no fault class selected")
     weights = [CATALOGUE[k][0] for k in allowed]
     faults: list[Fault] = []
-    busy_until: dict[Kind, float] = {}
+    busy_until: dict[Kind | None, float] = {}  # None: any global fault
     at = 0.0
     while len(faults) < count:
         at += rng.expovariate(1.0 / mean_gap)
@@ -95,7 +100,11 @@ def schedule(
         pick, size = rng.random(), rng.random()
         if kind in EXCLUSIVE and busy_until.get(kind, -1.0) > at:
             continue  # still draws the same numbers, so the schedule stays a function of the seed
-        busy_until[kind] = at + duration + (30.0 if kind is Kind.OPERATOR_FAILOVER else 0.0)
+        if kind in GLOBAL and busy_until.get(None, -1.0) > at:
+            continue
+        busy_until[kind] = at + duration
+        if kind in GLOBAL:
+            busy_until[None] = at + duration + CALM
         faults.append(Fault(len(faults), kind, round(at, 2), duration, pick, size))
     return faults
 

@@ -30,7 +30,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable
 
-from testbed.chaos.timeline import TERMINAL, Timeline, Verdict, verdict
+from testbed.chaos.timeline import TERMINAL, Timeline, Verdict, timestamp, verdict
 
 BUDGET_REASONS = {"MaxRestartsExceeded": "maxRestarts",
                   "MaxInfrastructureRestartsExceeded": "maxInfrastructureRestarts"}  # fmt: skip
@@ -39,22 +39,33 @@ EXPLAINING_REASONS = {("Ready", "False", "PodsPending"), ("Recovering", "True", 
 
 
 def check_resume(t: Timeline, slack: float = 6.0) -> Verdict:
+    """Each pod against its own creation time; pods of one attempt (one run of it) agree."""
     commits = t.commits()
-    problems, checked = [], 0
-    for (job, number), attempt in sorted(t.attempts().items()):
-        checked += 1
-        if len(attempt.resumes) > 1:
-            problems.append(f"{job} attempt {number}: pods told different steps {sorted(map(str, attempt.resumes))}")
-            continue
-        raw = next(iter(attempt.resumes))
-        resume = int(raw) if raw else None
+    problems: list[str] = []
+    pods: dict[str, dict[str, object]] = {}
+    for record in t.api:
+        for pod in t.job_pods(record):
+            pods.setdefault(pod["uid"], pod)
+    runs: dict[tuple[object, object, int], set[object]] = defaultdict(set)
+    indices: dict[tuple[object, object, int], set[object]] = defaultdict(set)
+    for pod in sorted(pods.values(), key=lambda p: str(p["created"])):
+        job, number, raw = str(pod["job"]), pod["attempt"], pod["resume"]
+        created = timestamp(str(pod["created"])) or 0.0
+        run = 0
+        while pod["index"] in indices[(job, number, run)]:
+            run += 1  # the same index again: a reused attempt number (invariant 2 says so)
+        indices[(job, number, run)].add(pod["index"])
+        runs[(job, number, run)].add(raw or None)
+        resume = int(str(raw)) if raw else None
         seen = commits.get(job, {})
-        if resume is not None and not (resume in seen and seen[resume] <= attempt.created + slack):
+        if resume is not None and not (resume in seen and seen[resume] <= created + slack):
             problems.append(f"{job} attempt {number}: resumed from step {resume}, never seen COMMITTED before")
-        newer = sorted(s for s, m in seen.items() if (resume is None or s > resume) and m < attempt.created - slack)
+        newer = sorted(s for s, m in seen.items() if (resume is None or s > resume) and m < created - slack)
         if newer:
             problems.append(f"{job} attempt {number}: resumed from {resume} while step {newer[-1]} was COMMITTED")
-    return verdict("1 resume from the newest COMMITTED step", checked, problems)
+    problems += [f"{job} attempt {number}: pods told different steps {sorted(map(str, r))}"
+                 for (job, number, _), r in runs.items() if len(r) > 1]  # fmt: skip
+    return verdict("1 resume from the newest COMMITTED step", len(pods), list(dict.fromkeys(problems)))
 
 
 def check_exclusive(t: Timeline) -> Verdict:
@@ -72,11 +83,20 @@ def check_exclusive(t: Timeline) -> Verdict:
         problems += [f"t={record['t']:.0f}: {job} attempts {sorted(a)} Running together"
                      for job, a in running.items() if len(a) > 1]  # fmt: skip
     uids: dict[tuple[str, int | None, int | None], set[str]] = defaultdict(set)
+    created: dict[str, float] = {}
     for record in t.api:
         for pod in t.job_pods(record):
             uids[(pod["job"], pod["attempt"], pod["index"])].add(pod["uid"])
-    problems += [f"{job} attempt {attempt} index {index}: {len(u)} pods, the attempt was reused"
-                 for (job, attempt, index), u in sorted(uids.items(), key=str) if len(u) > 1]  # fmt: skip
+            created.setdefault(pod["uid"], timestamp(pod["created"]) or record["t"])
+    notes: list[str] = []
+    for (job, attempt, index), found in sorted(uids.items(), key=str):
+        if len(found) < 2:
+            continue
+        later = sorted(created[u] for u in found)[1]
+        said = any(r["t"] < later and any(j["name"] == job and j["phase"] == "Running" and j.get("attempt") == attempt
+                                          for j in r["jobs"]) for r in t.api)  # fmt: skip
+        line = f"{job} attempt {attempt} index {index}: {len(found)} pods, the attempt was reused"
+        (problems if said else notes).append(line + (" after the job said it Running" if said else ""))
     for job in t.events:
         spans: dict[int, tuple[float, float]] = {}
         for step in t.steps(job):
@@ -86,7 +106,7 @@ def check_exclusive(t: Timeline) -> Verdict:
         for (a, (_, last_a)), (b, (first_b, _)) in itertools.pairwise(ordered):
             if first_b < last_a:
                 problems.append(f"{job}: attempt {a} still stepping {last_a - first_b:.1f}s after attempt {b} began")
-    return verdict("2 one gang at a time", len(t.api), problems)
+    return verdict("2 one gang at a time", len(t.api), problems, notes)
 
 
 def check_gpus(t: Timeline) -> Verdict:

@@ -75,7 +75,7 @@ def job_record(job: dict[str, Any]) -> dict[str, Any]:
         "conditions": [(c.get("type"), c.get("status"), c.get("reason"))
                        for c in status.get("conditions") or []],
         "deleting": bool(job["metadata"].get("deletionTimestamp")),
-        "restarts": status.get("restarts"), "lastFailure": (status.get("lastFailure") or {}).get("reason"),
+        "attempt": status.get("attempt"), "restarts": status.get("restarts"), "lastFailure": (status.get("lastFailure") or {}).get("reason"),
     }  # fmt: skip
 
 

@@ -18,14 +18,18 @@ class Verdict:
     ok: bool
     checked: int
     details: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # findings that break no invariant but are worth reading
 
     def line(self) -> str:
         head = f"{'ok  ' if self.ok else 'FAIL'} {self.invariant} ({self.checked} checked)"
-        return "\n".join([head, *(f"     {d}" for d in self.details[:8])])
+        lines = [f"     {d}" for d in self.details[:8]]
+        if self.notes:
+            lines += [f"     note ({len(self.notes)}): {n}" for n in self.notes[:3]]
+        return "\n".join([head, *lines])
 
 
-def verdict(invariant: str, checked: int, problems: list[str]) -> Verdict:
-    return Verdict(invariant, not problems, checked, tuple(problems))
+def verdict(invariant: str, checked: int, problems: list[str], notes: list[str] | None = None) -> Verdict:
+    return Verdict(invariant, not problems, checked, tuple(problems), tuple(notes or ()))
 
 
 def timestamp(text: str | None) -> float | None:
