@@ -2,7 +2,8 @@
 then the invariant checkers; prints a table per fault class, the invariants,
 the fleet's goodput, the seed, the duration and the machine load.
 
-    python bench/chaos.py --faults 60 --jobs 3 --seed 7            # the bounded form
+    python bench/chaos.py --faults 60 --jobs 3 --replicas 2 --gap 2.5 --calm 8 \
+        --steps 60-100 --seed 119                                  # the bounded form
     python bench/chaos.py --faults 1000 --jobs 20 --replicas 2     # the long form
 
 It starts a private testbed under --workdir (default .testbed/chaos-<seed>),
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=3, help="jobs running at once")
     parser.add_argument("--seed", type=int, default=None, help="default: a random one, printed")
     parser.add_argument("--gap", type=float, default=3.0, help="mean seconds between faults")
+    parser.add_argument("--calm", type=float, default=30.0, help="seconds between global faults")
     parser.add_argument("--replicas", type=int, default=1, choices=(1, 2), help="operator replicas")
     parser.add_argument("--step-seconds", type=float, default=0.5)
     parser.add_argument("--steps", default="150-250", help="steps per job, a range LOW-HIGH")
@@ -46,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     kinds = {Kind(k) for k in args.kinds.split(",") if k} or None
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix=f"chaos-{seed}-", dir=ROOT / ".testbed"))
     config = SoakConfig(seed, args.faults, args.jobs, mean_gap=args.gap, replicas=args.replicas,
-                        step_seconds=args.step_seconds, kinds=kinds,
+                        step_seconds=args.step_seconds, kinds=kinds, calm=args.calm,
                         steps=tuple(int(x) for x in args.steps.split("-", 1)))  # fmt: skip
     result = run_soak(config, workdir, log=lambda line: print(line, flush=True))
     print(summary(result))

@@ -81,7 +81,7 @@ class Fault:
 
 
 def schedule(
-    seed: int, count: int, mean_gap: float, kinds: set[Kind] | None = None
+    seed: int, count: int, mean_gap: float, kinds: set[Kind] | None = None, calm: float = CALM
 ) -> list[Fault]:
     """`count` faults with exponential gaps of mean `mean_gap` seconds, drawn from `seed`."""
     rng = random.Random(seed)
@@ -104,7 +104,7 @@ def schedule(
             continue
         busy_until[kind] = at + duration
         if kind in GLOBAL:
-            busy_until[None] = at + duration + CALM
+            busy_until[None] = at + duration + calm
         faults.append(Fault(len(faults), kind, round(at, 2), duration, pick, size))
     return faults
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.chaos import checkers, report
-from testbed.chaos.catalogue import Fault, Kind, schedule
+from testbed.chaos.catalogue import CALM, Fault, Kind, schedule
 from testbed.chaos.nemesis import Nemesis
 from testbed.chaos.rig import Rig
 from testbed.chaos.timeline import Timeline, Verdict
@@ -34,6 +34,7 @@ class SoakConfig:
     step_seconds: float = 0.5
     replicas: int = 1
     kinds: set[Kind] | None = None
+    calm: float = CALM  # seconds without a global fault after one
     drain_seconds: float = 600.0
     warmup_seconds: float = 15.0
 
@@ -60,7 +61,7 @@ class SoakResult:
 
 def run_soak(config: SoakConfig, workdir: Path, log: Any = print) -> SoakResult:
     kinds = config.kinds or (set(Kind) if config.replicas > 1 else ONE_REPLICA_KINDS)
-    plan = schedule(config.seed, config.faults, config.mean_gap, kinds)
+    plan = schedule(config.seed, config.faults, config.mean_gap, kinds, config.calm)
     log(f"chaos soak: seed {config.seed}, {len(plan)} faults over ~{plan[-1].at:.0f}s, "
         f"{config.jobs} concurrent jobs, {config.replicas} operator replica(s); workdir {workdir}")  # fmt: skip
     workdir.mkdir(parents=True, exist_ok=True)

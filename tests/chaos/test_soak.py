@@ -1,12 +1,14 @@
-"""The bounded chaos soak: about 60 faults of every class, overlapping, on a
-few concurrent jobs, on a private testbed (its own control plane and S3, so
-restarting its API server disturbs no other test). The pods' processes are
+"""The bounded chaos soak: 60 faults covering every class, overlapping, on
+three concurrent jobs and two peered operator replicas, on a private testbed
+(its own control plane and S3, so restarting its API server disturbs no
+other test). The pods' processes are
 run by the pod process harness (a stand-in for a kubelet's process execution,
 not a kubelet) and the trainer is the stand-in trainer (testbed/standin.py),
 which speaks the real trainer's contract. Fails on any invariant violation;
 the seed in the output replays the same schedule:
 
-    python bench/chaos.py --faults 60 --jobs 3 --seed <seed>
+    python bench/chaos.py --faults 60 --jobs 3 --replicas 2 --gap 2.5 --calm 8 \
+        --steps 60-100 --seed <seed>
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from testbed.binaries import binary
 from testbed.chaos.soak import SoakConfig, run_soak, summary
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.slow]
-SEED = int(os.environ.get("TOPOTRAIN_CHAOS_SEED", "20261201"))
+# 119: its 60 faults cover all 17 classes in about three minutes (any seed replays its own).
+SEED = int(os.environ.get("TOPOTRAIN_CHAOS_SEED", "119"))
 
 
 def test_sixty_overlapping_faults_break_no_invariant(tmp_path: Path) -> None:
@@ -31,7 +34,8 @@ def test_sixty_overlapping_faults_break_no_invariant(tmp_path: Path) -> None:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"{err} (CI=true: not skipping)", pytrace=False)
         pytest.skip(str(err))
-    config = SoakConfig(seed=SEED, faults=60, jobs=3, mean_gap=2.5, steps=(60, 100), drain_seconds=300)
+    config = SoakConfig(seed=SEED, faults=60, jobs=3, mean_gap=2.5, steps=(60, 100), replicas=2,
+                        calm=8.0, drain_seconds=300)  # fmt: skip
     result = run_soak(config, tmp_path / "soak")
     print(summary(result))
     failed = [v.line() for v in result.verdicts if not v.ok]
