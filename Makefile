@@ -36,7 +36,7 @@ bench: ## all benchmarks (tables on stdout)
 	PATH="$(BIN):$$PATH" $(VENV)/bin/python bench/goodput.py
 	PATH="$(BIN):$$PATH" $(VENV)/bin/python bench/testbed_scale.py
 
-kind-e2e: ## the e2e suite on kind with MinIO (needs Docker; see docs/kind.md)
+kind-e2e: ## the real-data-plane suite on a kind cluster built offline (docs/kind.md)
 	scripts/kind-e2e.sh
 
 -include testbed/testbed.mk

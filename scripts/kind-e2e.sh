@@ -37,7 +37,7 @@ scripts/kind/engine.sh
 venv=$(scripts/bootstrap.sh trainer | tail -n 1)
 tb_bin=$(testbed/build.sh kubernetes etcd helm versitygw | tail -n 1)
 kind_bin=$(timed "kind binaries" scripts/kind/build-bins.sh | tail -n 1)
-export PATH="$venv/bin:$kind_bin:$tb_bin:$PATH"
+export PATH="$kind_wrap:$venv/bin:$kind_bin:$tb_bin:$PATH"
 export PYTHONPATH="$root/operator:$root/trainer_image:$root${PYTHONPATH:+:$PYTHONPATH}"
 
 timed "images" scripts/kind/images.sh

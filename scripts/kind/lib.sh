@@ -71,3 +71,8 @@ docker_build() {
     die "no Docker CLI with BuildKit (install the buildx plugin)"
   fi
 }
+
+# kind runs `docker` from PATH: put "$kind_wrap" first (scripts/kind/docker).
+kind_wrap="$kind_cache/wrap"
+mkdir -p "$kind_wrap"
+ln -sf "$kind_root/scripts/kind/docker" "$kind_wrap/docker"

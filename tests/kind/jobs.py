@@ -65,6 +65,9 @@ class KindJob:
     name: str
     logs: Path
     _followers: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
+    # every pod seen while the job ran, last observed state (the operator deletes a
+    # finished job's pods)
+    seen: dict[str, dict[str, Any]] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def get(self) -> dict[str, Any]:
@@ -96,6 +99,7 @@ class KindJob:
             with contextlib.suppress(Exception):
                 for pod in self.pods():
                     name = pod["metadata"]["name"]
+                    self.seen[name] = pod
                     labels = pod["metadata"]["labels"]
                     started = pod.get("status", {}).get("containerStatuses")
                     if labels.get(INDEX_LABEL) != "0" or name in self._followers or not started:
@@ -106,6 +110,9 @@ class KindJob:
                          "logs", "-f", name, "-c", CONTAINER],
                         stdout=out, stderr=subprocess.STDOUT, text=True,
                     )  # fmt: skip
+
+    def seen_pods(self, attempt: int) -> list[dict[str, Any]]:
+        return [p for p in self.seen.values() if p["metadata"]["labels"].get(ATTEMPT_LABEL) == str(attempt)]
 
     def events(self) -> dict[int, list[dict[str, Any]]]:
         """JSON log events of global rank 0, per attempt."""

@@ -27,9 +27,8 @@ def test_3d_job_trains_across_workers_and_succeeds(
 ) -> None:
     with running_job(kube, kind_env, bucket, tmp_path, "train3d") as job:
         job.wait_phase("Succeeded")
-        pods = job.pods(attempt=0)
+        pods = job.seen_pods(attempt=0)
         assert len(pods) == 4, [p["metadata"]["name"] for p in pods]
-        assert all(p["status"]["phase"] == "Succeeded" for p in pods)
         # 8 GPUs of 4-GPU workers: the gang spans at least two real nodes
         assert len(nodes_of(pods)) >= 2, nodes_of(pods)
         # the rendezvous address is the Service DNS name the operator set, not an IP

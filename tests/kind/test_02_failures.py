@@ -55,13 +55,13 @@ def test_worker_node_stopped_gang_restarts_on_healthy_workers(
     # there); the two other workers hold a whole gang.
     with running_job(kube, kind_env, bucket, tmp_path, "nodeloss") as job:
         wait_for(lambda: _committed(job) >= 4, 600, "a committed checkpoint", every=1)
-        first = job.pods(attempt=0)
+        first = job.seen_pods(attempt=0)
         lost = sorted(nodes_of(first))[0]
         committed = _committed(job)
         subprocess.run(["docker", "stop", "-t", "0", lost], check=True, capture_output=True)
         wait_for(lambda: _node_ready(kube, lost) != "True", 60, f"node {lost} NotReady")
         job.wait_phase("Succeeded")
-        second = job.pods(attempt=1)
+        second = job.seen_pods(attempt=1)
         assert second, "the operator started no second attempt"
         assert lost not in nodes_of(second), nodes_of(second)
         assert job.status().get("restarts", 0) >= 1
