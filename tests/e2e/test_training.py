@@ -123,7 +123,13 @@ def test_node_failure_restarts_gang_from_last_committed_checkpoint(
     table = stack.kubectl("get", "tj", "resume", "-n", stack.namespace).stdout.splitlines()
     row = dict(zip(table[0].split(), table[1].split(), strict=False))
     assert int(row["RESTARTS"]) >= 1 and int(row["CHECKPOINT"]) == STEPS
-    assert float(row["RECOVERY"]) > 0
+    # RECOVERY is the time to the new attempt's first step, which includes the pods starting
+    # and the trainer's import, rendezvous and checkpoint load, each reported as a phase.
+    recovery = status["recovery"]
+    assert float(row["RECOVERY"]) == recovery["timeToFirstStepSeconds"] > recovery["lastSeconds"] > 0
+    phases = recovery["phases"]
+    assert phases["podsRunning"] == recovery["lastSeconds"] and phases["checkpointLoad"] > 0
+    assert recovery["cause"] == "infrastructure"
 
 
 def test_hang_is_detected_and_restarted(stack: Stack, reference: dict[str, Any]) -> None:
