@@ -207,20 +207,25 @@ def check_lost_work(t: Timeline) -> Verdict:
     return verdict("6 lost work <= interval + steps since the last commit", checked, problems)
 
 
-def check_retention(t: Timeline) -> Verdict:
+def check_retention(t: Timeline, grace: float = 30.0) -> Verdict:
+    """More than keep + 1 is allowed only within `grace` s of the newest commit: a trainer killed
+    between a COMMITTED and its retention leaves one more until the next commit's retention."""
     problems: list[str] = []
+    notes: list[str] = []
     newest: dict[str, int] = {}
     for record in t.s3:
         for job, steps in record["committed"].items():
             present = {int(s) for s, _ in steps}
             keep = t.created.get(job, {}).get("keep", 1)
             if len(present) > keep + 1:
-                problems.append(f"t={record['t']:.0f}: {job} has {len(present)} committed (keep {keep})")
+                line = f"t={record['t']:.0f}: {job} has {len(present)} committed (keep {keep})"
+                young = record["t"] - max(float(m) for _, m in steps) < grace
+                (notes if young else problems).append(line + (", retention in flight" if young else ""))
             gone = job in newest and newest[job] not in present and max(present, default=-1) < newest[job]
             if gone and job not in t.deleted:
                 problems.append(f"t={record['t']:.0f}: {job}'s newest committed step {newest[job]} is gone")
             newest[job] = max([newest.get(job, -1), *present])
-    return verdict("7 retention <= keep + 1, never the newest", len(t.s3), problems)
+    return verdict("7 retention <= keep + 1, never the newest", len(t.s3), problems, notes)
 
 
 def memory_samples(records: list[dict[str, object]]) -> list[tuple[float, float]]:

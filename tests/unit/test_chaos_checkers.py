@@ -163,6 +163,10 @@ def test_retention_keeps_at_most_keep_plus_one_and_never_drops_the_newest() -> N
     assert checkers.check_retention(timeline(good)).ok
     many = [created("a"), s3(T0, {"a": [(10, 1), (20, 2), (30, 3), (40, 4)]})]
     assert "4 committed (keep 2)" in checkers.check_retention(timeline(many)).details[0]
+    # Just after a commit whose retention has not run yet (an earlier one was cut short): a note.
+    fresh = [created("a"), s3(T0, {"a": [(10, 1), (20, 2), (30, 3), (40, T0 - 5)]})]
+    verdict = checkers.check_retention(timeline(fresh))
+    assert verdict.ok and "retention in flight" in verdict.notes[0]
     dropped = [created("a"), s3(T0, {"a": [(20, 2), (30, 3)]}), s3(T0 + 1, {"a": [(20, 2)]})]
     assert "newest committed step 30 is gone" in checkers.check_retention(timeline(dropped)).details[0]
 
