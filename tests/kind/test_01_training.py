@@ -22,6 +22,7 @@ from tests.kind.jobs import (
     running_job,
 )
 
+
 def test_3d_job_trains_across_workers_and_succeeds(
     kube: Kube, kind_env: KindEnv, s3_access: S3Access, bucket: str, tmp_path: Path
 ) -> None:
