@@ -124,6 +124,13 @@ class Rig:
         return core_v1(self._api)
 
     def __enter__(self) -> Rig:
+        try:
+            return self._set_up()
+        except BaseException:
+            self.__exit__()  # a half-made rig leaves no process behind
+            raise
+
+    def _set_up(self) -> Rig:
         started = time.monotonic()
         self.bed.up()
         self.node_names = apply_topology(self.kubeconfig, fleet(self.jobs))
@@ -149,9 +156,11 @@ class Rig:
         return self
 
     def __exit__(self, *_: object) -> None:
-        for step in (self.observer.stop, self.stack.__exit__, self.proxy.stop):
+        for owner, step in (("observer", "stop"), ("stack", "__exit__"), ("proxy", "stop")):
+            if not hasattr(self, owner):
+                continue
             try:
-                step()
+                getattr(getattr(self, owner), step)()
             except Exception as err:  # tear down the rest regardless
                 print(f"chaos rig teardown: {type(err).__name__}: {err}")
         if self._api is not None:
