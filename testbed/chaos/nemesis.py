@@ -8,7 +8,7 @@ its end) in the history.
 | pod-deleted | DELETE of one Running pod |
 | node-not-ready | KWOK's NotReady stage (testbed.faults), Ready again after the duration |
 | node-deleted | the Node object deleted (its pods garbage-collected), re-created after the duration |
-| node-flap | the node's lease taken by a silent holder, back before the 40 s grace period ends |
+| node-flap | the node's lease taken by a silent holder, given back to KWOK before the 40 s grace period ends |
 | bad-node | every process started on the node crashes 2 s later, for the duration |
 | trainer-hang | SIGSTOP to one rank's process group (the harness SIGCONTs it when the pod goes) |
 | s3-down | versitygw stopped, started after the duration |
@@ -27,7 +27,10 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+
+from kubernetes import client
 
 from testbed import faults
 from testbed.chaos.catalogue import Fault, choose
@@ -154,11 +157,18 @@ class Nemesis:
         node = self._pick_node(fault)
         if node is None:
             return self._skip(fault, "no node to spare")
+        leases = client.CoordinationV1Api(self.rig.core.api_client)
         try:
+            holder = leases.read_namespaced_lease(node, faults.NODE_LEASE_NAMESPACE).spec.holder_identity
             self._record(fault, self._jobs_on(node), node=node)
             faults.node_unreachable(self.rig.kubeconfig, node)
             self._stop.wait(fault.duration)
-            faults.node_ready(self.rig.kubeconfig, node)
+            # Back before the grace period ends: KWOK's own holder, renewed now. (faults.node_ready
+            # expires the lease instead, which the controller manager reads as a dead node.)
+            renewed = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            leases.patch_namespaced_lease(node, faults.NODE_LEASE_NAMESPACE, {"spec": {
+                "holderIdentity": holder, "renewTime": renewed,
+                "leaseDurationSeconds": self.rig.bed.settings().node_lease_seconds}})  # fmt: skip
             self._heal(fault)
         finally:
             self._release(node)

@@ -79,13 +79,13 @@ def run_soak(config: SoakConfig, workdir: Path, log: Any = print) -> SoakResult:
         thread = threading.Thread(target=nemesis.run, args=(began + config.warmup_seconds,), daemon=True)
         thread.start()
         while thread.is_alive():
-            rig.workload.tick(keep_going=True)
+            _tick(rig, keep_going=True)
             load.append(os.getloadavg()[0])
             thread.join(timeout=2.0)
         log(f"nemesis done after {time.time() - began:.0f}s; draining")
         deadline = time.monotonic() + config.drain_seconds
         while rig.workload.job_names() and time.monotonic() < deadline:
-            rig.workload.tick(keep_going=False)
+            _tick(rig, keep_going=False)
             load.append(os.getloadavg()[0])
             time.sleep(2.0)
         time.sleep(3.0)  # one more observation of the end state
@@ -105,6 +105,13 @@ def run_soak(config: SoakConfig, workdir: Path, log: Any = print) -> SoakResult:
         seconds, setup, load, report.not_injected(records), max((m for _, m in samples), default=0.0),
         checkers.slope_mib_per_hour(samples), workdir,
     )  # fmt: skip
+
+
+def _tick(rig: Rig, keep_going: bool) -> None:
+    try:
+        rig.workload.tick(keep_going)
+    except Exception as err:  # the API server is down (a fault): submit on a later tick
+        rig.history.add("workload-error", error=f"{type(err).__name__}: {err}"[:200])
 
 
 def summary(result: SoakResult) -> str:

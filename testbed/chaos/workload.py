@@ -102,7 +102,13 @@ class Workload:
             self.serial += 1
             self.plans[plan.name] = plan
             self.active.add(plan.name)
-        self.rig.stack.apply_job(plan.name, job_spec(plan, self.step_seconds))
+        try:
+            self.rig.stack.apply_job(plan.name, job_spec(plan, self.step_seconds))
+        except Exception:
+            with self._lock:  # never created: not part of the workload
+                self.plans.pop(plan.name)
+                self.active.discard(plan.name)
+            raise
         self.rig.history.add("job-created", job=plan.name, shape=shape.name, seed=plan.seed,
                              steps=plan.steps, interval=INTERVAL_STEPS, keep=KEEP)  # fmt: skip
         return plan
