@@ -54,9 +54,10 @@ def die_with_parent() -> None:
     import signal
 
     pr_set_pdeathsig = 1
+    parent = os.getppid()  # may be PID 1: the launcher is the container's first process
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() == 1:  # the launcher died before prctl took effect
+    if os.getppid() != parent:  # the launcher died before prctl took effect
         os._exit(1)
 
 
@@ -93,9 +94,22 @@ def prepare(argv: list[str]) -> int:
     return 0
 
 
+USAGE = """usage: python -m topotrain_trainer [prepare ...]
+
+Without arguments: train, configured by the operator's pod environment (TOPOTRAIN_*,
+MASTER_ADDR, ...) and TOPOTRAIN_TRAINING_CONFIG (JSON); exit 78 on a bad configuration.
+prepare: write a token dataset (`python -m topotrain_trainer prepare --help`)."""
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["prepare"]:
         return prepare(argv[1:])
+    if argv[:1] in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
+    if argv:
+        print(f"unknown arguments {' '.join(argv)!r}\n{USAGE}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
     try:
         env, config = load()
     except (ContractError, ConfigError) as err:

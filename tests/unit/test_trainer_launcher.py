@@ -1,0 +1,51 @@
+"""The trainer's launcher in a real container: it may be PID 1's child (no init), and --help.
+
+A rank whose launcher is the container's first process has parent PID 1 from the
+start; it must not take that for "my launcher died" and exit (found on kind).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "operator"), str(REPO / "trainer_image")])}
+
+ORPHAN = textwrap.dedent("""
+    import os, sys, time
+    me = os.getpid()
+    if os.fork():
+        os._exit(0)  # the parent goes: the child is re-parented (to PID 1 or a subreaper)
+    deadline = time.time() + 10
+    while os.getppid() == me and time.time() < deadline:
+        time.sleep(0.01)
+    from topotrain_trainer.__main__ import die_with_parent
+    die_with_parent()
+    open(sys.argv[1], "w").write(str(os.getppid()))
+""")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="prctl(PR_SET_PDEATHSIG) is Linux only")
+def test_a_rank_whose_parent_already_is_the_init_process_keeps_running(tmp_path: Path) -> None:
+    marker = tmp_path / "alive"
+    subprocess.run([sys.executable, "-c", ORPHAN, str(marker)], env=ENV, timeout=30, check=True)
+    deadline = time.monotonic() + 30
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), "the rank exited although its (new) parent is alive"
+
+
+def test_help_prints_usage_and_trains_nothing() -> None:
+    done = subprocess.run([sys.executable, "-m", "topotrain_trainer", "--help"], env=ENV,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "usage: python -m topotrain_trainer" in done.stdout
+    wrong = subprocess.run([sys.executable, "-m", "topotrain_trainer", "--steps", "3"], env=ENV,
+                           capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 78 and "unknown arguments" in wrong.stderr
