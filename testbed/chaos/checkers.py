@@ -233,8 +233,9 @@ def memory_samples(records: list[dict[str, object]]) -> list[tuple[float, float]
 
 
 def check_restarts_explained(t: Timeline, window: float = 120.0, per_fault: int = 3) -> Verdict:
-    """Every new attempt follows a fault that touched the job (at most `per_fault` restarts per
-    fault and job, within `window` seconds of its end), or changes the data degree (a resize)."""
+    """Every new attempt follows a fault that touched the job while the previous attempt ran or
+    within `window` s before (at most `per_fault` restarts per fault and job), or changes the
+    data degree (a resize)."""
     heals = {r["index"]: r["t"] for r in t.heals}
     causes = [(f["t"], heals.get(f["index"], f["t"]), set(f["jobs"]), f["kind"]) for f in t.faults]
     causes += [(r["t"], r["t"], {r["job"]}, "bad-node") for r in t.crashes]
@@ -242,12 +243,15 @@ def check_restarts_explained(t: Timeline, window: float = 120.0, per_fault: int 
     for job in sorted(t.created):
         used: dict[int, int] = defaultdict(int)
         ordered = _attempt_sizes(t, job)
-        for (_, size_a, _), (number, size_b, at) in itertools.pairwise(ordered):
+        for (_, size_a, began), (number, size_b, at) in itertools.pairwise(ordered):
             if size_a != size_b:
                 continue  # a resize (elastic shrink or grow, kubectl scale)
             checked += 1
+            # The cause hit the previous attempt (after it began: its restart may wait for
+            # capacity for minutes), or ended at most `window` s before this attempt.
             found = next((i for i, (start, healed, jobs, _) in enumerate(causes) if job in jobs
-                          and start - 2 <= at <= healed + window and used[i] < per_fault), None)  # fmt: skip
+                          and start - 2 <= at and (healed + window >= at or start >= began - 2)
+                          and used[i] < per_fault), None)  # fmt: skip
             if found is None:
                 problems.append(f"{job} attempt {number} at t={at:.0f}: no fault explains it")
             else:
