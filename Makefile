@@ -5,7 +5,7 @@ BIN = $(shell testbed/build.sh | tail -n 1)
 # This checkout's code first: the cached venv is shared by every checkout on the machine.
 export PYTHONPATH := $(CURDIR)/operator:$(CURDIR)/trainer_image:$(CURDIR)
 
-.PHONY: help venv test unit lint crds demo bench kind-e2e clean
+.PHONY: help venv test chaos unit lint crds demo bench kind-e2e clean
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | sort
 
@@ -14,6 +14,9 @@ venv: ## create the cached Python environment (with torch)
 
 test: ## everything CI runs: lint, mypy, unit, integration, trainer and e2e tests
 	scripts/test.sh
+
+chaos: ## the bounded seeded chaos soak (60 overlapping faults; docs/reliability.md)
+	scripts/test.sh tests/chaos -m chaos
 
 unit: ## pure unit tests only (no cluster, no torch processes)
 	scripts/test.sh tests/unit

@@ -74,11 +74,24 @@ def load_config() -> None:
         config.load_kube_config()  # type: ignore[no-untyped-call]
 
 
+REQUEST_TIMEOUT = (5.0, 30.0)  # seconds (connect, read) of every API call the operator makes
+
+
+class TimedApiClient(client.ApiClient):
+    """An ApiClient whose calls never wait for ever: a connection caught by an API server
+    restart would otherwise block that job's reconcile loop for good."""
+
+    def call_api(self, method: str, url: str, header_params: Any = None, body: Any = None,
+                 post_params: Any = None, _request_timeout: Any = None) -> Any:
+        return super().call_api(method, url, header_params, body, post_params,
+                                _request_timeout if _request_timeout is not None else REQUEST_TIMEOUT)
+
+
 class Kube:
     """Typed calls for the handful of API operations the operator makes."""
 
     def __init__(self, api: client.ApiClient | None = None) -> None:
-        self.api = api or client.ApiClient()
+        self.api = api or TimedApiClient()
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
         self.networking = client.NetworkingV1Api(self.api)
