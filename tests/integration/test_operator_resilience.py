@@ -39,8 +39,12 @@ def test_operator_killed_mid_recovery_neither_duplicates_pods_nor_loses_status(
 
     wait_for("attempt 1 Running", lambda: cluster.running_gang("llm", 1, 8), 120)
     status = cluster.wait_phase("llm", "Running")
-    live = [p for p in cluster.pods("llm") if p.metadata.deletion_timestamp is None]
-    assert sorted(p.metadata.name for p in live) == [f"llm-1-{i}" for i in range(8)]
+    # The crashed pod of attempt 0 is kept for its logs until attempt 1 is Running; the operator
+    # writes the Running status first and deletes it right after, so the test waits for that.
+    expected = [f"llm-1-{i}" for i in range(8)]
+    wait_for("only attempt 1's pods left", lambda: sorted(
+        p.metadata.name for p in cluster.pods("llm") if p.metadata.deletion_timestamp is None
+    ) == expected, 60)
     assert status["restarts"] == 1 and status["attempt"] == 1
     assert status["lastFailure"]["pod"] == gang[5].metadata.name
 
