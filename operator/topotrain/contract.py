@@ -6,9 +6,11 @@ the trainer image needs neither kopf nor a Kubernetes client.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
@@ -31,6 +33,14 @@ TRAINING_CONFIG = "TOPOTRAIN_TRAINING_CONFIG"  # JSON of spec.training
 S3_ENDPOINT = "AWS_ENDPOINT_URL_S3"
 ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
 SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
+
+# The pod's annotations as a downwardAPI volume file: the operator's requests to a running
+# trainer, with no API access from the pod. kubelet rewrites the file when they change.
+CONTROL_DIR = "/etc/topotrain"
+CONTROL_DIR_ENV = "TOPOTRAIN_CONTROL_DIR"  # overrides CONTROL_DIR (tests, local runs)
+CONTROL_FILE = "annotations"
+# Any new value asks every rank for a checkpoint at the next step boundary (training goes on).
+CHECKPOINT_REQUEST = "topotrain.io/checkpoint-request"
 
 DEFAULT_MASTER_PORT = 29500
 RANK_ORDERS = ("tp-pp-dp", "tp-dp-pp")
@@ -173,3 +183,33 @@ def rank_of(tp: int, pp: int, dp: int, tensor: int, pipeline: int, data: int, or
     if order == "tp-dp-pp":
         return (pp * data + dp) * tensor + tp
     raise ContractError(f"unknown rank order {order!r}")
+
+
+def control_path(env: Mapping[str, str] | None = None) -> Path:
+    """The downwardAPI annotations file: `$TOPOTRAIN_CONTROL_DIR/annotations`, else CONTROL_DIR's."""
+    env = os.environ if env is None else env
+    return Path(env.get(CONTROL_DIR_ENV) or CONTROL_DIR) / CONTROL_FILE
+
+
+def read_control(path: Path | str) -> dict[str, str]:
+    """Parse kubelet's downwardAPI `key="value"` lines (Go-quoted values); {} when absent.
+
+    A line that does not parse is skipped: kubelet swaps the file atomically, so a
+    malformed line is not a half-written one, and one bad annotation must not hide the rest.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return {}
+    control: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, raw = line.partition("=")
+        if not sep or not key.strip():
+            continue
+        raw = raw.strip()
+        try:
+            value = json.loads(raw) if raw.startswith('"') else raw
+        except ValueError:
+            value = raw[1:-1] if raw.endswith('"') and len(raw) >= 2 else raw
+        control[key.strip()] = str(value)
+    return control
