@@ -49,6 +49,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.peering.name = SETTINGS.peering
         settings.peering.mandatory = True
         settings.peering.clusterwide = SETTINGS.cluster_wide
+        settings.peering.lifetime = SETTINGS.peering_lifetime
     settings.peering.standalone = SETTINGS.standalone
     METRICS.serve(SETTINGS.metrics_port)
     _operator()

@@ -44,6 +44,7 @@ class Settings:
     | pod_grace_seconds | TOPOTRAIN_POD_GRACE_SECONDS (deleting a gang) | 30 |
     | network_policy | TOPOTRAIN_NETWORK_POLICY (true: a NetworkPolicy per job) | false |
     | peering_priority | TOPOTRAIN_PEERING_PRIORITY (highest replica acts) | random per process |
+    | peering_lifetime | TOPOTRAIN_PEERING_LIFETIME seconds (a killed acting replica's standby takes over within it) | 30 |
     """
 
     namespaces: tuple[str, ...] = ()
@@ -62,6 +63,9 @@ class Settings:
     # kopf pauses every replica that sees a peer of equal priority, so replicas
     # must differ: the highest one acts, the others wait to take over.
     peering_priority: int = field(default_factory=lambda: random.SystemRandom().randint(1, 1_000_000))
+    # How long a replica's keep-alive in the peering object counts: a SIGKILLed acting replica
+    # (node lost) leaves its entry behind, and the standby acts only once that entry expires.
+    peering_lifetime: int = 30
     verbose: bool = False
 
     @property
@@ -98,6 +102,7 @@ class Settings:
             pod_grace_seconds=int(_seconds(env, "TOPOTRAIN_POD_GRACE_SECONDS", base.pod_grace_seconds)),
             network_policy=_flag(env, "TOPOTRAIN_NETWORK_POLICY", base.network_policy),
             peering_priority=_integer(env, "TOPOTRAIN_PEERING_PRIORITY", base.peering_priority),
+            peering_lifetime=_lifetime(env, base.peering_lifetime),
             verbose=env.get("TOPOTRAIN_VERBOSE", "").lower() in {"1", "true", "yes"},
         )
 
@@ -183,6 +188,14 @@ def _integer(env: Mapping[str, str], key: str, default: int) -> int:
         return int(raw) if raw else default
     except ValueError:
         raise SettingsError(f"{key}={raw!r}: not an integer") from None
+
+
+def _lifetime(env: Mapping[str, str], default: int) -> int:
+    key = "TOPOTRAIN_PEERING_LIFETIME"
+    value = _integer(env, key, default)
+    if value < 10:  # the keep-alive is sent 5-10 s before the lifetime ends
+        raise SettingsError(f"{key}={value}: must be at least 10 seconds")
+    return value
 
 
 def _seconds(env: Mapping[str, str], key: str, default: float) -> float:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from kubernetes import client
 
 from testbed import faults
-from testbed.chaos.catalogue import Fault, choose
+from testbed.chaos.catalogue import CALM, GLOBAL, Fault, choose
 from testbed.procs import signal_group
 
 if TYPE_CHECKING:
@@ -44,9 +44,12 @@ BAD_NODE_DELAY = 2.0
 
 
 class Nemesis:
-    def __init__(self, rig: Rig, schedule: list[Fault]) -> None:
+    def __init__(self, rig: Rig, schedule: list[Fault], calm: float = CALM) -> None:
         self.rig = rig
         self.schedule = schedule
+        self.calm = calm
+        self._global = threading.Lock()  # one global fault at a time, `calm` after the last healed
+        self._global_healed = 0.0
         self.hurt_nodes: set[str] = set()
         self.bad_nodes: set[str] = set()
         self._crashed: set[str] = set()
@@ -71,6 +74,21 @@ class Nemesis:
         self._stop.set()
 
     def _fire(self, fault: Fault) -> None:
+        if fault.kind not in GLOBAL:
+            self._inject(fault)
+            return
+        # The schedule spaces global faults by their nominal durations; an operator fault truly
+        # ends only when a replica acts again, so a late heal pushes the next global fault back.
+        with self._global:
+            wait = self._global_healed + self.calm - time.time()
+            if wait > 0 and self._stop.wait(wait):
+                return
+            try:
+                self._inject(fault)
+            finally:
+                self._global_healed = time.time()
+
+    def _inject(self, fault: Fault) -> None:
         handler = getattr(self, "_" + fault.kind.value.replace("-", "_"))
         try:
             handler(fault)
@@ -87,6 +105,14 @@ class Nemesis:
 
     def _heal(self, fault: Fault) -> None:
         self.rig.history.add("heal", index=fault.index, kind=fault.kind.value)
+
+    def _heal_once_acting(self, fault: Fault) -> None:
+        """An operator fault ends when a replica acts again, not when one is started: the calm
+        before the next global fault starts then, so kills cannot outrun a standby's takeover."""
+        if not self.rig.stack.wait_acting(timeout=300):
+            self.rig.history.add("fault-error", index=fault.index, kind=fault.kind.value,
+                                 error="no operator replica acted within 300 s")  # fmt: skip
+        self._heal(fault)
 
     # --- targets --------------------------------------------------------------
 
@@ -273,7 +299,7 @@ class Nemesis:
         self.rig.stack.kill_acting()
         self._stop.wait(fault.duration)
         self.rig.stack.start_operator()
-        self._heal(fault)
+        self._heal_once_acting(fault)
 
     def _operator_failover(self, fault: Fault) -> None:
         if self.rig.stack.replicas < 2:
@@ -281,7 +307,7 @@ class Nemesis:
         self._record(fault, self.rig.job_names())
         self.rig.stack.kill_acting()
         self.rig.stack.start_operator()  # the new replica waits as the standby
-        self._heal(fault)
+        self._heal_once_acting(fault)
 
     def _scale(self, fault: Fault) -> None:
         elastic = [j for j in self.rig.job_names() if self.rig.workload.shape_of(j).min_data]

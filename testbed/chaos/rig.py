@@ -19,6 +19,7 @@ import signal
 import subprocess
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,29 @@ class ChaosStack(Stack):
             signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
 
+    def acting(self) -> bool:
+        """True once a live replica acts: among the peering object's unexpired keep-alives the
+        highest priority is a live replica's (a SIGKILLed replica's entry lingers until its
+        lifetime ends, and until then the standby waits)."""
+        alive = {p for p, proc in self.processes if proc.poll() is None}
+        if self.replicas < 2:
+            return bool(alive)
+        _, env = self.operator_command()
+        try:
+            body = self.custom.get_namespaced_custom_object(
+                "kopf.dev", "v1", self.namespace, "kopfpeerings", env["TOPOTRAIN_PEERING"])
+        except Exception:  # the API server is down (another fault): not known to act
+            return False
+        return acting_priority(body.get("status") or {}, datetime.now(UTC)) in alive
+
+    def wait_acting(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.acting():
+                return True
+            time.sleep(1.0)
+        return False
+
     def stop_operator(self) -> None:
         for _, proc in self.processes:
             if proc.poll() is None:
@@ -88,6 +112,19 @@ class ChaosStack(Stack):
         logs = sorted(self.workdir.glob("operator-*.log"))
         text = logs[0].read_text(errors="replace") if logs else ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+def acting_priority(peers: dict[str, Any], now: datetime) -> int | None:
+    """The priority that acts: the highest among the keep-alives not yet expired (kopf's rule)."""
+    live = []
+    for peer in peers.values():
+        if not isinstance(peer, dict) or "lastseen" not in peer:
+            continue
+        seen = datetime.fromisoformat(str(peer["lastseen"]))
+        seen = seen if seen.tzinfo else seen.replace(tzinfo=UTC)
+        if seen + timedelta(seconds=float(peer.get("lifetime", 60))) > now:
+            live.append(int(peer.get("priority", 0)))
+    return max(live, default=None)
 
 
 def fleet(jobs: int) -> dict[str, Any]:

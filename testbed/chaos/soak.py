@@ -74,7 +74,7 @@ def run_soak(config: SoakConfig, workdir: Path, log: Any = print) -> SoakResult:
                         jobs=config.jobs, replicas=config.replicas, nodes=len(rig.node_names))  # fmt: skip
         rig.workload = Workload(rig, config.seed, config.jobs, config.steps, config.step_seconds)
         rig.workload.tick(keep_going=True)
-        nemesis = Nemesis(rig, plan)
+        nemesis = Nemesis(rig, plan, calm=config.calm)
         began = time.time()
         thread = threading.Thread(target=nemesis.run, args=(began + config.warmup_seconds,), daemon=True)
         thread.start()

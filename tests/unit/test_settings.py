@@ -61,3 +61,10 @@ def test_replicas_get_distinct_peering_priorities_unless_pinned() -> None:
     assert Settings.from_env({"TOPOTRAIN_PEERING_PRIORITY": "7"}).peering_priority == 7
     with pytest.raises(SettingsError, match="TOPOTRAIN_PEERING_PRIORITY"):
         Settings.from_env({"TOPOTRAIN_PEERING_PRIORITY": "high"})
+
+
+def test_peering_lifetime_bounds_a_standby_takeover_and_refuses_too_short() -> None:
+    assert Settings.from_env({}).peering_lifetime == 30
+    assert Settings.from_env({"TOPOTRAIN_PEERING_LIFETIME": "45"}).peering_lifetime == 45
+    with pytest.raises(SettingsError, match="TOPOTRAIN_PEERING_LIFETIME=5: must be at least 10"):
+        Settings.from_env({"TOPOTRAIN_PEERING_LIFETIME": "5"})
