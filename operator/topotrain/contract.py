@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 MASTER_ADDR = "MASTER_ADDR"
@@ -41,6 +41,14 @@ CONTROL_DIR_ENV = "TOPOTRAIN_CONTROL_DIR"  # overrides CONTROL_DIR (tests, local
 CONTROL_FILE = "annotations"
 # Any new value asks every rank for a checkpoint at the next step boundary (training goes on).
 CHECKPOINT_REQUEST = "topotrain.io/checkpoint-request"
+
+# In-place restart: the attempt a running pod must train now (the supervisor restarts its ranks
+# when it goes up), with that attempt's resume step and rank-0 address. The operator sets them.
+CONTROL_VOLUME = "topotrain-control"  # the pod's downwardAPI volume, mounted at CONTROL_DIR
+ATTEMPT_ANNOTATION = "topotrain.io/attempt"  # the attempt the pod must run now
+RESUME_STEP_ANNOTATION = "topotrain.io/resume-step"  # "" = start fresh
+MASTER_ADDR_ANNOTATION = "topotrain.io/master-addr"  # rank 0's address for that attempt
+MASTER_PORT_ANNOTATION = "topotrain.io/master-port"  # optional: rank 0's port for that attempt
 
 DEFAULT_MASTER_PORT = 29500
 RANK_ORDERS = ("tp-pp-dp", "tp-dp-pp")
@@ -213,3 +221,30 @@ def read_control(path: Path | str) -> dict[str, str]:
             value = raw[1:-1] if raw.endswith('"') and len(raw) >= 2 else raw
         control[key.strip()] = str(value)
     return control
+
+
+def format_control(annotations: Mapping[str, str]) -> str:
+    """The file a kubelet writes for `metadata.annotations` (sorted keys, quoted values)."""
+    return "".join(f"{k}={json.dumps(v, ensure_ascii=False)}\n" for k, v in sorted(annotations.items()))
+
+
+def with_control(env: TrainerEnv, control: Mapping[str, str]) -> TrainerEnv:
+    """The environment of the attempt the control file names (the env's own where it is silent).
+
+    Raises ContractError when an annotation is present but malformed.
+    """
+    raw_attempt = control.get(ATTEMPT_ANNOTATION, "")
+    if raw_attempt == "":
+        return env
+    try:
+        attempt = int(raw_attempt)
+        resume_raw = control.get(RESUME_STEP_ANNOTATION, "")
+        resume = int(resume_raw) if resume_raw else None
+        port_raw = control.get(MASTER_PORT_ANNOTATION, "")
+        port = int(port_raw) if port_raw else env.master_port
+    except ValueError as err:
+        raise ContractError(f"control file {CONTROL_FILE}: {err}") from None
+    return replace(
+        env, attempt=attempt, resume_step=resume, master_port=port,
+        master_addr=control.get(MASTER_ADDR_ANNOTATION) or env.master_addr,
+    )

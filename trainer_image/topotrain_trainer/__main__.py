@@ -1,14 +1,16 @@
 """`python -m topotrain_trainer`: train as the contract environment says.
 
 In a pod, the command is just `python -m topotrain_trainer`: outside torchrun
-(no LOCAL_RANK) it validates the configuration, then replaces itself with
-`torch.distributed.run` starting NPROC_PER_NODE local ranks, which rejoin here.
-Under torchrun it trains. `python -m topotrain_trainer prepare ...` writes a
+(no LOCAL_RANK) it validates the configuration, then becomes the pod's
+supervisor (`supervisor.py`), which starts NPROC_PER_NODE local ranks that
+rejoin here and restarts them in place when the operator bumps the attempt.
+Under torchrun (or the supervisor) it trains. `python -m topotrain_trainer prepare ...` writes a
 dataset.
 
 Exit codes: 0 when `steps` are done; 78 (EX_CONFIG) for a configuration or
-contract error, which retrying cannot fix; anything else is a failure worth a
-restart (torchrun reports a crashed rank as 1).
+contract error, which retrying cannot fix; a rank exits 76 (EXIT_PEER_LOST)
+when a collective lost a peer (its own pod is healthy); anything else is a
+failure worth a restart.
 """
 
 from __future__ import annotations
@@ -19,15 +21,17 @@ import os
 import sys
 from pathlib import Path
 
-from topotrain.contract import ContractError, TrainerEnv
+from topotrain.contract import ContractError, TrainerEnv, control_path, read_control, with_control
 
-from topotrain_trainer.config import EXIT_BAD_CONFIG, ConfigError, TrainingConfig
+from topotrain_trainer.config import EXIT_BAD_CONFIG, EXIT_PEER_LOST, ConfigError, TrainingConfig
 from topotrain_trainer.data import check_vocab
 from topotrain_trainer.model import model_config
 
 
 def load() -> tuple[TrainerEnv, TrainingConfig]:
     env = TrainerEnv.from_env()
+    if "LOCAL_RANK" not in os.environ:  # the supervisor: validate the attempt it will start
+        with_control(env, read_control(control_path()))
     config = TrainingConfig.from_json(env.training_config)
     config.check_mesh(env.tensor, env.pipeline, env.data)
     check_vocab(config.dataset, config.model, model_config(config.model).vocab_size)
@@ -59,6 +63,37 @@ def die_with_parent() -> None:
     libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:  # the launcher died before prctl took effect
         os._exit(1)
+
+
+# gloo's messages when the other end of a connection went away (its process died or hung)
+PEER_LOSS_MARKERS = (
+    "Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused",
+    "Timed out", "timed out", "gloo/transport",
+)
+
+
+def peer_lost(err: BaseException) -> bool:
+    """A collective failed because a rank elsewhere went away, not from this rank's own fault."""
+    import torch.distributed as dist
+
+    if isinstance(err, (dist.DistNetworkError, dist.DistStoreError)):
+        return True
+    return isinstance(err, RuntimeError) and any(m in str(err) for m in PEER_LOSS_MARKERS)
+
+
+def train_rank(env: TrainerEnv, config: TrainingConfig) -> int:
+    from topotrain_trainer.train import train
+
+    try:
+        train(env, config)
+    except Exception as err:
+        if not peer_lost(err):
+            raise
+        print(json.dumps({"event": "peer_lost", "rank": os.environ.get("RANK", ""),
+                          "error": str(err)[:500]}), flush=True)  # fmt: skip
+        # Background threads (prefetch, checkpoint uploads) may block on the dead peer: no cleanup.
+        os._exit(EXIT_PEER_LOST)
+    return 0
 
 
 def prepare(argv: list[str]) -> int:
@@ -116,13 +151,11 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"event": "bad_config", "error": str(err)}), flush=True)
         return EXIT_BAD_CONFIG
     if "LOCAL_RANK" not in os.environ:
-        command = torchrun_argv(env)
-        os.execv(command[0], command)
-    die_with_parent()
-    from topotrain_trainer.train import train
+        from topotrain_trainer.supervisor import supervise
 
-    train(env, config)
-    return 0
+        return supervise(env, control_path())
+    die_with_parent()
+    return train_rank(env, config)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from topotrain.degrees import DEFAULT_GLOBAL_BATCH, DEFAULT_MICRO_BATCH, DEFAULT
 from topotrain_trainer.model import MODEL_CONFIGS
 
 EXIT_BAD_CONFIG = 78
+EXIT_PEER_LOST = 76  # EX_PROTOCOL: a collective lost a peer in another pod; this pod is healthy
 SCHEDULES = ("1f1b", "gpipe")
 PRECISIONS = ("auto", "bf16", "fp32")
 

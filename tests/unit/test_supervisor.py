@@ -1,0 +1,181 @@
+"""The pod supervisor (topotrain_trainer.supervisor) with fake workers.
+
+The one test double is the worker command: a tiny Python script standing in
+for a rank, whose behaviour per attempt and local rank is given in the
+FAKE_PLAN environment variable. The control file is a real file in the
+kubelet's downwardAPI format.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from topotrain.contract import (
+    ATTEMPT_ANNOTATION,
+    MASTER_ADDR_ANNOTATION,
+    RESUME_STEP_ANNOTATION,
+    TrainerEnv,
+    format_control,
+    read_control,
+    with_control,
+)
+from topotrain_trainer.supervisor import EXIT_PEER_LOST, Supervisor, worker_env
+
+# FAKE_PLAN: {"<attempt>/<local rank>": "exit:N" | "sleep" | "sleep_then:N"}; each start is logged.
+FAKE_WORKER = textwrap.dedent("""
+    import json, os, signal, sys, time
+    attempt, local = os.environ["TOPOTRAIN_ATTEMPT"], os.environ["LOCAL_RANK"]
+    with open(os.environ["FAKE_LOG"], "a") as log:
+        log.write(json.dumps({"attempt": int(attempt), "rank": int(os.environ["RANK"]),
+                              "master": os.environ["MASTER_ADDR"],
+                              "resume": os.environ["TOPOTRAIN_RESUME_STEP"]}) + "\\n")
+    action = json.loads(os.environ["FAKE_PLAN"]).get(f"{attempt}/{local}", "exit:0")
+    if action.startswith("exit:"):
+        sys.exit(int(action[5:]))
+    if action.startswith("sleep_then:"):
+        time.sleep(0.5)
+        sys.exit(int(action[11:]))
+    if action == "ignore_term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(60)
+""")
+
+ENV = TrainerEnv(master_addr="job-0-0.job.ns.svc", master_port=29500, nnodes=2, node_rank=1,
+                 nproc_per_node=2, tensor=1, pipeline=2, data=2)  # fmt: skip
+
+
+def supervisor(tmp_path: Path, plan: dict[str, str], **kwargs: float) -> Supervisor:
+    base = {**os.environ, "FAKE_PLAN": json.dumps(plan), "FAKE_LOG": str(tmp_path / "starts")}
+    options = {"poll": 0.05, "grace": 1.0, "settle": 1.0, "peer_wait": 30.0, **kwargs}
+    return Supervisor(ENV, tmp_path / "annotations", worker_argv=[sys.executable, "-c", FAKE_WORKER],
+                      base_env=base, emit=lambda _: None, **options)  # fmt: skip
+
+
+def starts(tmp_path: Path) -> list[dict[str, object]]:
+    path = tmp_path / "starts"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def write_control(tmp_path: Path, attempt: int, resume: str = "", master: str = "") -> None:
+    annotations = {ATTEMPT_ANNOTATION: str(attempt), RESUME_STEP_ANNOTATION: resume,
+                   MASTER_ADDR_ANNOTATION: master, "other.io/x": 'say "hi"\n'}  # fmt: skip
+    staged = tmp_path / "annotations.tmp"
+    staged.write_text(format_control(annotations))
+    staged.replace(tmp_path / "annotations")  # the kubelet swaps the file atomically too
+
+
+def run_in_thread(sup: Supervisor) -> tuple[threading.Thread, list[int]]:
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(sup.run()), daemon=True)
+    thread.start()
+    return thread, result
+
+
+def wait_for(predicate: object, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:  # type: ignore[operator]
+        time.sleep(0.05)
+    assert predicate(), "timed out"  # type: ignore[operator]
+
+
+def test_the_control_file_parses_as_the_kubelet_writes_it(tmp_path: Path) -> None:
+    text = 'topotrain.io/attempt="3"\ntopotrain.io/master-addr="job-3-0.job.ns.svc"\nx="a\\"b\\nc"\n'
+    (tmp_path / "a").write_text(text)
+    assert read_control(tmp_path / "a") == {"topotrain.io/attempt": "3",
+                                            "topotrain.io/master-addr": "job-3-0.job.ns.svc", "x": 'a"b\nc'}  # fmt: skip
+    (tmp_path / "b").write_text(format_control({"k": 'v "w"'}))
+    assert read_control(tmp_path / "b") == {"k": 'v "w"'}
+    assert read_control(tmp_path / "missing") == {}
+    env = with_control(ENV, {ATTEMPT_ANNOTATION: "4", RESUME_STEP_ANNOTATION: "8",
+                             MASTER_ADDR_ANNOTATION: "job-2-0.job.ns.svc"})  # fmt: skip
+    assert (env.attempt, env.resume_step, env.master_addr) == (4, 8, "job-2-0.job.ns.svc")
+    assert with_control(ENV, {}) == ENV  # no control file: the environment, as before
+
+
+def test_worker_environment_is_the_rendezvous_torchrun_would_give() -> None:
+    env = worker_env({"PATH": "/bin"}, ENV, 1)
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["MASTER_PORT"]) == ("3", "1", "4", "29500")
+    assert env["PATH"] == "/bin" and env["TOPOTRAIN_ATTEMPT"] == "0"
+
+
+@pytest.mark.parametrize(
+    ("plan", "code"),
+    [
+        ({}, 0),  # every worker done
+        ({"0/1": "exit:78"}, 78),  # bad configuration
+        ({"0/0": "sleep_then:1", "0/1": "sleep_then:76"}, 1),  # its own failure fails the pod
+        ({"0/0": "exit:1", "0/1": "sleep"}, 1),  # a crashed rank next to a healthy one
+    ],
+)
+def test_exit_codes(tmp_path: Path, plan: dict[str, str], code: int) -> None:
+    assert supervisor(tmp_path, plan).run() == code
+
+
+def test_a_worker_killed_by_a_signal_fails_the_pod_with_128_plus_signal(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path, {"0/0": "sleep", "0/1": "sleep"})
+    thread, result = run_in_thread(sup)
+    wait_for(lambda: sup.group is not None and len(starts(tmp_path)) == 2)
+    assert sup.group is not None
+    sup.group.processes[1].kill()
+    thread.join(20)
+    assert result == [128 + signal.SIGKILL]
+
+
+def test_peer_loss_waits_for_the_next_attempt_and_restarts_in_place(tmp_path: Path) -> None:
+    write_control(tmp_path, 0)
+    plan = {"0/0": "exit:76", "0/1": "exit:76", "1/0": "sleep", "1/1": "sleep", "2/0": "exit:0",
+            "2/1": "exit:0"}  # fmt: skip
+    sup = supervisor(tmp_path, plan)
+    thread, result = run_in_thread(sup)
+    time.sleep(1.5)
+    assert thread.is_alive(), "a pod whose ranks only lost a peer stays up"
+    write_control(tmp_path, 1, resume="8", master="job-1-0.job.ns.svc")
+    wait_for(lambda: len(starts(tmp_path)) == 4)
+    # The attempt goes up again while the workers run: they are stopped and started anew.
+    write_control(tmp_path, 2, resume="12", master="job-1-0.job.ns.svc")
+    thread.join(20)
+    assert result == [0]
+    runs = starts(tmp_path)
+    assert [r["attempt"] for r in runs] == [0, 0, 1, 1, 2, 2]
+    assert {(r["master"], r["resume"]) for r in runs[2:4]} == {("job-1-0.job.ns.svc", "8")}
+    assert sorted(int(str(r["rank"])) for r in runs[4:]) == [2, 3]
+
+
+def test_peer_loss_gives_up_after_the_wait(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path, {"0/0": "exit:76", "0/1": "exit:76"}, peer_wait=0.5)
+    assert sup.run() == EXIT_PEER_LOST
+
+
+def test_a_worker_ignoring_sigterm_is_killed_on_a_new_attempt(tmp_path: Path) -> None:
+    write_control(tmp_path, 5)
+    sup = supervisor(tmp_path, {"5/0": "ignore_term", "5/1": "sleep", "6/0": "exit:0", "6/1": "exit:0"})
+    thread, result = run_in_thread(sup)
+    wait_for(lambda: len(starts(tmp_path)) == 2)
+    began = time.monotonic()
+    write_control(tmp_path, 6)
+    thread.join(20)
+    assert result == [0] and time.monotonic() - began < 10
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="process groups and signals as on Linux")
+def test_sigterm_is_forwarded_to_the_workers(tmp_path: Path) -> None:
+    script = textwrap.dedent(f"""
+        import json, os, sys
+        sys.path[:0] = {[str(p) for p in sys.path if p]!r}
+        from tests.unit.test_supervisor import supervisor
+        from pathlib import Path
+        sys.exit(supervisor(Path({str(tmp_path)!r}), {{"0/0": "sleep", "0/1": "sleep"}}).run())
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parents[2])
+    wait_for(lambda: len(starts(tmp_path)) == 2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 128 + signal.SIGTERM  # the workers died of the forwarded SIGTERM

@@ -1,0 +1,226 @@
+"""The pod's supervisor: runs the local worker group and restarts it in place on a new attempt.
+
+`python -m topotrain_trainer` outside torchrun becomes this supervisor. It
+starts the pod's NPROC_PER_NODE ranks as child processes (RANK, LOCAL_RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT in their environment, as torchrun would
+set them; they rendezvous through torch's env:// TCPStore on rank 0), with the
+attempt, resume step and rank-0 address of the control file
+(`topotrain.contract.control_path()`, the pod's annotations as a downwardAPI
+volume) when it names an attempt, else of the pod's environment.
+
+Rules, checked every `poll` seconds:
+
+- every worker exited 0: exit 0; a worker exited 78 (bad configuration): exit 78;
+- the control file's attempt went up: stop the workers (SIGTERM, SIGKILL after
+  `grace` s) and start them again for that attempt: the operator restarts the
+  gang in place, keeping this pod;
+- a worker failed: once the local group has settled, if every failed worker
+  exited EXIT_PEER_LOST (76: a collective lost a peer in another pod), this pod
+  is healthy: stay up and wait for the operator's next attempt, at most
+  `peer_wait` s (then exit 76); otherwise exit with the failed worker's code
+  (128 + signal for a signal), so the pod Fails and the operator sees it;
+- SIGTERM/SIGINT: forwarded to the workers (they may checkpoint); the supervisor
+  exits when they have.
+
+The workers stay in the supervisor's process group, so whoever signals the pod's
+group reaches them too, and each asks the kernel to kill it if the supervisor
+dies (`die_with_parent`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from topotrain.contract import ContractError, TrainerEnv, read_control, with_control
+
+EXIT_PEER_LOST = 76  # kept equal to topotrain_trainer.config.EXIT_PEER_LOST (no torch import here)
+EXIT_BAD_CONFIG = 78
+POLL_SECONDS = 0.5
+ATTEMPT_GRACE_SECONDS = 3.0  # an abandoned attempt's workers have nothing worth saving
+SETTLE_SECONDS = 5.0  # after a first worker failure, how long the others get to fail too
+PEER_WAIT_SECONDS = 600.0
+PEER_WAIT_ENV = "TOPOTRAIN_PEER_WAIT_SECONDS"
+
+
+def worker_env(base: Mapping[str, str], env: TrainerEnv, local_rank: int) -> dict[str, str]:
+    """One rank's environment: the pod's, the attempt's contract, torch's env:// rendezvous."""
+    rank = env.node_rank * env.nproc_per_node + local_rank
+    return {
+        **base, **env.to_env(),
+        "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(env.world_size),
+        "LOCAL_WORLD_SIZE": str(env.nproc_per_node), "GROUP_RANK": str(env.node_rank),
+        "MASTER_ADDR": env.master_addr, "MASTER_PORT": str(env.master_port),
+    }  # fmt: skip
+
+
+def exit_status(code: int) -> int:
+    """A process's status as a shell reports it: 128 + N when killed by signal N."""
+    return 128 - code if code < 0 else code
+
+
+@dataclass
+class WorkerGroup:
+    """The pod's local ranks of one attempt."""
+
+    attempt: int
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    failed_at: float | None = None  # monotonic time of the first failure seen
+
+    def codes(self) -> list[int | None]:
+        return [p.poll() for p in self.processes]
+
+    def signal(self, sig: signal.Signals) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(sig)
+
+    def stop(self, grace: float) -> None:
+        """SIGTERM, then SIGKILL whatever is left after `grace` seconds; reap them all."""
+        self.signal(signal.SIGTERM)
+        self.signal(signal.SIGCONT)  # a stopped (hung) worker must see it too
+        deadline = time.monotonic() + grace
+        while any(c is None for c in self.codes()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.signal(signal.SIGKILL)
+        for process in self.processes:
+            process.wait()
+
+
+class Supervisor:
+    def __init__(
+        self,
+        env: TrainerEnv,
+        control: Path,
+        *,
+        worker_argv: Sequence[str] = (sys.executable, "-m", "topotrain_trainer"),
+        base_env: Mapping[str, str] | None = None,
+        poll: float = POLL_SECONDS,
+        grace: float = ATTEMPT_GRACE_SECONDS,
+        settle: float = SETTLE_SECONDS,
+        peer_wait: float = PEER_WAIT_SECONDS,
+        emit: Callable[[dict[str, object]], None] | None = None,
+    ) -> None:
+        self.env, self.control = env, control
+        self.worker_argv = list(worker_argv)
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.poll, self.grace, self.settle, self.peer_wait = poll, grace, settle, peer_wait
+        self.emit = emit or _print_json
+        self.stop_signal: int | None = None
+        self.group: WorkerGroup | None = None
+
+    def desired(self) -> TrainerEnv:
+        """The attempt the control file asks for; the pod's environment where it says nothing."""
+        try:
+            return with_control(self.env, read_control(self.control))
+        except ContractError as err:
+            self.emit({"event": "control_invalid", "error": str(err)})
+            return self.env
+
+    def start(self, env: TrainerEnv) -> WorkerGroup:
+        group = WorkerGroup(env.attempt)
+        for local_rank in range(env.nproc_per_node):
+            group.processes.append(subprocess.Popen(
+                self.worker_argv, env=worker_env(self.base_env, env, local_rank),
+            ))  # fmt: skip
+        self.emit({"event": "workers_started", "attempt": env.attempt, "workers": env.nproc_per_node,
+                   "master": f"{env.master_addr}:{env.master_port}",
+                   "resume_step": env.resume_step})  # fmt: skip
+        self.group = group
+        return group
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self.stop_signal = signum
+
+    def run(self) -> int:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._on_signal)
+        current = self.desired()
+        group = self.start(current)
+        waiting_since: float | None = None  # healthy, waiting for the operator's next attempt
+        try:
+            while True:
+                if self.stop_signal is not None:
+                    return self._forward_stop(group)
+                wanted = self.desired()
+                if wanted.attempt > current.attempt:
+                    self.emit({"event": "attempt_changed", "from": current.attempt,
+                               "to": wanted.attempt})  # fmt: skip
+                    group.stop(self.grace)
+                    current, waiting_since = wanted, None
+                    group = self.start(current)
+                    continue
+                if waiting_since is None:
+                    verdict = self._judge(group)
+                    if verdict is not None and verdict != EXIT_PEER_LOST:
+                        return verdict
+                    if verdict == EXIT_PEER_LOST:
+                        waiting_since = time.monotonic()
+                        self.emit({"event": "peer_lost", "attempt": current.attempt,
+                                   "wait_seconds": self.peer_wait})  # fmt: skip
+                elif time.monotonic() - waiting_since > self.peer_wait:
+                    self.emit({"event": "peer_wait_expired", "attempt": current.attempt})
+                    return EXIT_PEER_LOST
+                time.sleep(self.poll)
+        finally:
+            if self.group is not None:
+                self.group.stop(self.grace)
+
+    def _judge(self, group: WorkerGroup) -> int | None:
+        """None while the group trains; else the supervisor's exit (EXIT_PEER_LOST: wait)."""
+        codes = group.codes()
+        failed = [c for c in codes if c not in (None, 0)]
+        if not failed:
+            return 0 if all(c == 0 for c in codes) else None
+        now = time.monotonic()
+        if group.failed_at is None:
+            group.failed_at = now
+        if any(c is None for c in codes) and now - group.failed_at < self.settle:
+            return None  # the other local ranks are likely failing too: judge them together
+        own = [exit_status(c) for c in failed if c != EXIT_PEER_LOST]
+        group.stop(self.grace)
+        if not own:
+            return EXIT_PEER_LOST
+        code = EXIT_BAD_CONFIG if EXIT_BAD_CONFIG in own else own[0]
+        self.emit({"event": "workers_failed", "attempt": group.attempt, "exit_code": code,
+                   "codes": [None if c is None else exit_status(c) for c in codes]})  # fmt: skip
+        return code
+
+    def _forward_stop(self, group: WorkerGroup) -> int:
+        """The pod is being stopped: pass the signal on and wait for the workers (they may save)."""
+        sig = self.stop_signal or signal.SIGTERM
+        self.emit({"event": "stopping", "signal": signal.Signals(sig).name, "attempt": group.attempt})
+        group.signal(signal.Signals(sig))
+        group.signal(signal.SIGCONT)
+        for process in group.processes:
+            process.wait()  # the kubelet's SIGKILL ends this wait after the pod's grace period
+        codes = [exit_status(c) for c in group.codes() if c is not None]
+        return next((c for c in codes if c != 0), 0)
+
+
+def peer_wait_seconds(env: Mapping[str, str]) -> float:
+    raw = env.get(PEER_WAIT_ENV, "")
+    try:
+        return float(raw) if raw else PEER_WAIT_SECONDS
+    except ValueError:
+        return PEER_WAIT_SECONDS
+
+
+def _print_json(event: dict[str, object]) -> None:
+    print(json.dumps({**event, "source": "supervisor"}), flush=True)
+
+
+def supervise(env: TrainerEnv, control: Path) -> int:
+    return Supervisor(env, control, peer_wait=peer_wait_seconds(os.environ)).run()
