@@ -1,8 +1,8 @@
 """The checkpoint layout in S3, shared by the trainer (writes) and the operator (reads).
 
     <uri>/<namespace>/<name>/step-0000000042/attempt-3-9f2c41d0/  DCP shard files + .metadata
-    <uri>/<namespace>/<name>/step-0000000042/COMMITTED  JSON {step, mesh, bytes, time, shards}, last
-    <uri>/<namespace>/<name>/progress.json           JSON {step, time, attempt, start?}, heartbeat
+    <uri>/<namespace>/<name>/step-0000000042/COMMITTED  JSON {step, mesh, bytes, time, shards, request?}, last
+    <uri>/<namespace>/<name>/progress.json           JSON {step, time, attempt, start?, checkpointRequest?}
     <uri>/<namespace>/<name>/owner.json              JSON {uid, created}: whose run this is
 
 Each save writes its shards under an attempt directory of its own,
@@ -95,6 +95,9 @@ class CommittedCheckpoint:
     mesh: Mapping[str, int] = field(default_factory=dict)  # {"tensor", "pipeline", "data"}
     bytes: int = 0  # total size of the shard files
     shards: str = ""  # the attempt directory holding them; "" = the step directory (old layout)
+    # The last checkpoint request (annotation value) the trainer had served when it saved this
+    # step: served by this step's save or an earlier one, so this checkpoint is at or after it.
+    request: str = ""
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,28 @@ class Progress:
     time: datetime  # UTC
     attempt: int
     start: AttemptStart | None = None
+    checkpoint_request: ServedRequest | None = None  # the last checkpoint request the trainer served
+
+
+@dataclass(frozen=True)
+class ServedRequest:
+    """A checkpoint request (the `topotrain.io/checkpoint-request` value) and the step whose
+    save serves it; that step's COMMITTED carries the same `request` once the save is complete."""
+
+    value: str
+    step: int
+
+    def to_json(self) -> dict[str, object]:
+        return {"value": self.value, "step": self.step}
+
+    @classmethod
+    def from_json(cls, doc: object) -> ServedRequest | None:
+        if not isinstance(doc, dict):
+            return None
+        try:
+            return cls(str(doc["value"]), int(doc["step"]))
+        except (KeyError, TypeError, ValueError):
+            return None
 
 
 @dataclass(frozen=True)
@@ -257,6 +282,7 @@ class CheckpointStore:
                 mesh={str(k): int(v) for k, v in dict(doc.get("mesh", {})).items()},
                 bytes=int(doc.get("bytes", 0)),
                 shards=str(doc.get("shards", "")),
+                request=str(doc.get("request", "")),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise CheckpointError(f"{self.step_uri(step)}/{COMMITTED} is malformed: {err}") from err
@@ -276,16 +302,19 @@ class CheckpointStore:
 
     def write_commit(
         self, step: int, mesh: Mapping[str, int], bytes: int, time: datetime | None = None,
-        *, shards: str = "",
+        *, shards: str = "", request: str = "",
     ) -> CommittedCheckpoint:
         """Mark `step` complete with the shards in `shards`. Call only after every one of
-        them is uploaded."""
+        them is uploaded. `request`: the checkpoint request this save served."""
         moment = time or _now()
         doc: dict[str, Any] = {"step": step, "mesh": dict(mesh), "bytes": bytes, "time": _format_time(moment)}
         if shards:
             doc["shards"] = shards
+        if request:
+            doc["request"] = request
         self._write_json(f"{self.step_key(step)}/{COMMITTED}", doc)
-        return CommittedCheckpoint(step, self.step_uri(step), moment, dict(mesh), bytes, shards)
+        return CommittedCheckpoint(step, self.step_uri(step), moment, dict(mesh), bytes, shards,
+                                   request)
 
     # --- progress heartbeat -------------------------------------------------
 
@@ -295,20 +324,23 @@ class CheckpointStore:
             return None
         try:
             return Progress(int(doc["step"]), _parse_time(str(doc["time"])), int(doc["attempt"]),
-                            AttemptStart.from_json(doc.get("start")))
+                            AttemptStart.from_json(doc.get("start")),
+                            ServedRequest.from_json(doc.get("checkpointRequest")))
         except (KeyError, TypeError, ValueError) as err:
             raise CheckpointError(f"{self.uri}/{PROGRESS} is malformed: {err}") from err
 
     def write_progress(
         self, step: int, attempt: int, time: datetime | None = None,
-        start: AttemptStart | None = None,
+        start: AttemptStart | None = None, request: ServedRequest | None = None,
     ) -> Progress:
         moment = time or _now()
         doc: dict[str, object] = {"step": step, "time": _format_time(moment), "attempt": attempt}
         if start is not None:
             doc["start"] = start.to_json()
+        if request is not None:
+            doc["checkpointRequest"] = request.to_json()
         self._write_json(self._key(PROGRESS), doc)
-        return Progress(step, moment, attempt, start)
+        return Progress(step, moment, attempt, start, request)
 
     # --- owner record (written by the operator, never by the trainer) -------
 
@@ -334,11 +366,25 @@ class CheckpointStore:
 
     # --- shard files --------------------------------------------------------
 
+    def shard_key(self, step: int, name: str, *, shards: str = "") -> str:
+        """The key of one file in the attempt directory `shards` of a step ("": old layout)."""
+        return "/".join(p for p in (self.step_key(step), shards, name) if p)
+
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        """`length` bytes of object `key` from offset `start` (one ranged GET)."""
+        if length <= 0:
+            return b""
+        response = self.client.get_object(Bucket=self.bucket, Key=key,
+                                          Range=f"bytes={start}-{start + length - 1}")  # fmt: skip
+        body: bytes = response["Body"].read()
+        if len(body) != length:
+            raise CheckpointError(f"s3://{self.bucket}/{key}: asked {length} bytes at {start}, got {len(body)}")
+        return body
+
     def upload_file(self, step: int, name: str, path: Path | str, *, shards: str = "") -> None:
         """Upload one shard file into the attempt directory `shards` of a step (multipart
         when large); "" writes the old layout, into the step directory itself."""
-        key = "/".join(p for p in (self.step_key(step), shards, name) if p)
-        self.client.upload_file(str(path), self.bucket, key)
+        self.client.upload_file(str(path), self.bucket, self.shard_key(step, name, shards=shards))
 
     def download_step(self, step: int, dest: Path | str) -> list[str]:
         """Download the shards COMMITTED names (old layout: the step directory's own files)

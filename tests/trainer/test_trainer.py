@@ -23,8 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from topotrain.checkpoints import CheckpointStore
+from topotrain.checkpoints import CheckpointStore, ServedRequest
+from topotrain.contract import CHECKPOINT_REQUEST, CONTROL_DIR_ENV
 from topotrain_trainer.config import EXIT_BAD_CONFIG, TrainingConfig
+from topotrain_trainer.control import EXIT_STOPPED
 
 from .harness import REPO_ROOT, TrainerRun, trainer_env
 from .reference import reference_run
@@ -230,3 +232,59 @@ def test_3d_parallel_matches_single_process_reference(tmp_path: Path) -> None:
         assert loss == pytest.approx(ref_losses[step - 1], abs=LOSS_TOL), f"step {step}"
         assert run.grad_norms()[step] == pytest.approx(ref_norms[step - 1], rel=LOSS_TOL)
     assert ref_losses[-1] < ref_losses[0]  # it learns
+
+
+def _request_checkpoint(control_dir: Path, value: str) -> None:
+    """Write the control file as the kubelet does: whole, swapped in by a rename."""
+    staged = control_dir / ".annotations.new"
+    staged.write_text(f'{CHECKPOINT_REQUEST}="{value}"\n')
+    staged.replace(control_dir / "annotations")
+
+
+def test_checkpoint_request_and_sigterm_lose_no_step(
+    s3: S3Server, baseline: Baseline, tmp_path: Path
+) -> None:
+    """No interval saves. A checkpoint request through the control file saves the next step
+    and training goes on; SIGTERM to the pod's first process (what the kubelet signals) saves
+    the current step, waits for COMMITTED and exits EXIT_STOPPED. The resume from that step
+    reads only each rank's share of it and reproduces the uninterrupted losses bit for bit."""
+    uri = fresh_uri(s3)
+    store = store_for(s3, uri)
+    control = tmp_path / "control"
+    control.mkdir()
+
+    def launch(resume: int | None, attempt: int) -> TrainerRun:
+        env = trainer_env(data=2, training=training(tmp_path), s3_env=s3.env(), checkpoint_uri=uri,
+                          interval=0, resume_step=resume, attempt=attempt)  # fmt: skip
+        env[CONTROL_DIR_ENV] = str(control)
+        return TrainerRun(env)
+
+    first = launch(None, 0)
+    first.wait_for("step", step=1)
+    _request_checkpoint(control, "req-1")
+    served = first.wait_for("checkpoint_requested")
+    first.proc.send_signal(signal.SIGTERM)  # the kubelet signals the container's first process
+    committed = first.wait_for("checkpoint_committed", step=served["step"])
+    stopped = first.wait_for("stopped")
+    assert first.finish() == EXIT_STOPPED, first.tail()
+    stop_step = int(stopped["step"])
+    assert served["step"] <= stop_step < STEPS and stopped["committed"] is True
+    assert committed["request"] == "req-1"
+    request_commit, stop_commit = store.read_commit(served["step"]), store.read_commit(stop_step)
+    assert request_commit is not None and request_commit.request == "req-1"
+    assert stop_commit is not None, "the stop's checkpoint must be COMMITTED before the exit"
+    progress = store.read_progress()
+    assert progress is not None and progress.checkpoint_request == ServedRequest("req-1", served["step"])
+    assert max(first.losses()) == stop_step
+
+    second = launch(stop_step, 1)  # the annotation still says req-1: already served
+    assert second.finish() == 0, second.tail()
+    restored = next(e for e in second.events if e["event"] == "restored")
+    assert restored["step"] == stop_step
+    assert len(restored["bytes_read"]) == 2
+    assert all(0 < read < 0.75 * restored["step_bytes"] for read in restored["bytes_read"]), restored
+    assert not [e for e in second.events if e["event"] == "checkpoint_requested"]
+    assert sorted(second.losses()) == list(range(stop_step + 1, STEPS + 1))
+    for run in (first, second):
+        for step, loss in run.losses().items():
+            assert loss == baseline.losses[step], f"step {step} differs after the stop"

@@ -18,6 +18,7 @@ from botocore.exceptions import ClientError
 from topotrain.checkpoints import (
     COMMITTED,
     CheckpointStore,
+    ServedRequest,
     attempt_dir,
     job_prefix,
     split_uri,
@@ -185,6 +186,19 @@ def test_progress_heartbeat_round_trips(store: CheckpointStore) -> None:
     progress = store.read_progress()
     assert progress is not None
     assert (progress.step, progress.time, progress.attempt) == (17, when, 2)
+
+
+def test_served_checkpoint_request_round_trips(store: CheckpointStore, tmp_path: Path) -> None:
+    """The operator learns a request was honoured, and at which step, from both records."""
+    _write_shards(store, 12, tmp_path)
+    store.write_commit(12, MESH, 3, request="resize-4")
+    store.write_progress(12, attempt=1, request=ServedRequest("resize-4", 12))
+    commit, progress = store.read_commit(12), store.read_progress()
+    assert commit is not None and commit.request == "resize-4"
+    assert progress is not None and progress.checkpoint_request == ServedRequest("resize-4", 12)
+    store.write_commit(13, MESH, 3)
+    plain = store.read_commit(13)
+    assert plain is not None and plain.request == ""
 
 
 def test_retention_keeps_newest_commits_and_in_flight_uploads(

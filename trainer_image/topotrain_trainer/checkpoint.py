@@ -22,10 +22,11 @@ leaves `step-N` without `COMMITTED`: the operator never restores it, retention
 collects it later, and training carries on. At most one save is in flight; the
 next one waits for it.
 
-Restoring: each machine's local rank 0 downloads the step into local disk,
-then DCP loads every rank's share of it. DCP keys tensors by parameter name and
-global shape, so a different data degree (and tensor/pipeline split) reshards
-on load.
+Restoring: every rank reads only the byte ranges of the chunks its own shards
+need, straight from the store (`s3reader.S3RangeReader`: parallel ranged GETs,
+a bounded memory window, nothing written to local disk). DCP keys tensors by
+parameter name and global shape, so a different data degree (and tensor/pipeline
+split) reshards on load.
 """
 
 from __future__ import annotations
@@ -50,13 +51,15 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from topotrain.checkpoints import AttemptStart, CheckpointStore, attempt_dir
+from topotrain.checkpoints import AttemptStart, CheckpointStore, ServedRequest, attempt_dir
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.checkpoint.stateful import Stateful
+
+from topotrain_trainer.s3reader import S3RangeReader
 
 log = logging.getLogger("topotrain_trainer.checkpoint")
 # Optimizer state keyed per parameter name (not per param group), so a pipeline
@@ -201,17 +204,24 @@ class Checkpointer:
         self._stager = stager or make_stager()
         self._pending: _Pending | None = None
         self._inflight: threading.Thread | None = None
+        self.last_saved: int | None = None  # the step of the last save started
+        self.committed: int | None = None  # rank 0: the last step this run committed
+        self.restored_request = ""  # the checkpoint request the restored checkpoint served
 
-    def save(self, step: int, app: AppState, *, blocking: bool = False) -> None:
-        """Start saving `step` (or save it completely when `blocking`)."""
+    def save(self, step: int, app: AppState, *, blocking: bool = False, request: str = "") -> None:
+        """Start saving `step` (or save it completely when `blocking`); `request`: the last
+        checkpoint request served at or before `step` (rank 0's value goes into COMMITTED, so
+        a resume from it does not serve that request again)."""
         started = time.perf_counter()
         self.wait()
+        self.last_saved = step
         local = self.staging / f"step-{step:010d}" / f"rank-{self.rank:05d}"
         shutil.rmtree(local, ignore_errors=True)
         writer = FileSystemWriter(local, single_file_per_rank=True, overwrite=True)
         state = {"app": app.state_dict()}  # references to the live tensors, captured now
         if blocking:
-            self._finish(step, partial(dcp_save, state, storage_writer=writer, process_group=self.group), local)
+            self._finish(step, partial(dcp_save, state, storage_writer=writer, process_group=self.group),
+                         local, request)
             self._pending = _Pending(step, started, time.perf_counter() - started, None, True)
             self.staged()
             return
@@ -232,7 +242,7 @@ class Checkpointer:
 
         self._inflight = threading.Thread(
             target=self._finish,
-            args=(step, write, local),
+            args=(step, write, local, request),
             name=f"topotrain-ckpt-{step}",
             daemon=True,
         )
@@ -269,12 +279,23 @@ class Checkpointer:
             self._inflight.join()
             self._inflight = None
 
+    def save_and_commit(self, step: int, app: AppState, request: str = "") -> bool:
+        """Save `step` synchronously (unless a save of it is in flight: wait for that one) and
+        tell every rank whether it committed. For a stop: nothing runs after it."""
+        if self.last_saved == step:
+            self.wait()
+        else:
+            self.save(step, app, blocking=True, request=request)
+        outcome = [self.committed == step]
+        dist.broadcast_object_list(outcome, src=0, group=self.group)
+        return bool(outcome[0])
+
     def close(self) -> None:
         """Finish the save in flight and free the staging buffers."""
         self.wait()
         self._stager.close()
 
-    def _finish(self, step: int, write: Callable[[], object], local: Path) -> None:
+    def _finish(self, step: int, write: Callable[[], object], local: Path, request: str = "") -> None:
         """Write this rank's shards, upload them, agree with all ranks, let rank 0 commit."""
         began = time.perf_counter()
         uploaded, upload_seconds, error = 0, 0.0, ""
@@ -292,43 +313,77 @@ class Checkpointer:
         reports: list[Any] = [None] * dist.get_world_size(self.group)
         dist.all_gather_object(reports, (uploaded, upload_seconds, error), group=self.group)
         if self.rank == 0:
-            self._commit(step, reports, time.perf_counter() - began)
+            self._commit(step, reports, time.perf_counter() - began, request)
 
-    def _commit(self, step: int, reports: list[Any], seconds: float) -> None:
+    def _commit(self, step: int, reports: list[Any], seconds: float, request: str = "") -> None:
         failures = [f"rank {rank}: {error}" for rank, (_, _, error) in enumerate(reports) if error]
         total = sum(int(sent) for sent, _, _ in reports)
         if not failures:
             try:
-                self.store.write_commit(step, self.mesh_sizes, total, shards=self.shards)
+                self.store.write_commit(step, self.mesh_sizes, total, shards=self.shards,
+                                        request=request)
+                self.committed = step
                 deleted = self.store.apply_retention(self.keep)
                 self.on_event({
                     "event": "checkpoint_committed", "step": step, "bytes": total,
                     "seconds": round(seconds, 4),
                     "upload_seconds": round(max(float(s) for _, s, _ in reports), 4),
-                    "deleted": deleted,
+                    "deleted": deleted, **({"request": request} if request else {}),
                 })  # fmt: skip
                 return
             except Exception as err:
                 failures.append(f"commit: {type(err).__name__}: {err}")
         self.on_event({"event": "checkpoint_failed", "step": step, "errors": failures[:4]})
 
-    def restore(self, step: int, app: AppState) -> None:
-        """Load committed `step` into `app`, resharding onto the current mesh."""
+    def restore(self, step: int, app: AppState, *, whole_step: bool = False) -> RestoreStats:
+        """Load committed `step` into `app`, resharding onto the current mesh.
+
+        Each rank reads only its byte ranges from the store (`S3RangeReader`); `whole_step`:
+        each machine downloads the whole attempt directory first (the earlier way, kept as
+        the benchmark's baseline). Returns what this rank read, and the step's size."""
         commit = self.store.read_commit(step)
         if commit is None:
             raise FileNotFoundError(f"{self.store.step_uri(step)} has no COMMITTED marker")
         app.load_rng = dict(commit.mesh) == self.mesh_sizes
+        self.restored_request = commit.request
+        began = time.perf_counter()
+        if whole_step:
+            read = self._restore_downloaded(step, app)
+        else:
+            reader = S3RangeReader(self.store, step, commit.shards)
+            dcp_load({"app": app}, storage_reader=reader, process_group=self.group)
+            read = reader.stats.bytes
+        seconds = time.perf_counter() - began
+        per_rank: list[Any] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(per_rank, read, group=self.group)
+        return RestoreStats(read, commit.bytes, seconds, tuple(int(n) for n in per_rank))
+
+    def _restore_downloaded(self, step: int, app: AppState) -> int:
+        """Local rank 0 downloads the step, then DCP loads every local rank's share from disk."""
+        downloaded = 0
         local = self.staging / f"restore-{step:010d}"
         if int(os.environ.get("LOCAL_RANK", "0")) == 0 and not local.exists():
             partial = local.with_name(local.name + f".{os.getpid()}")
             shutil.rmtree(partial, ignore_errors=True)
             self.store.download_step(step, partial)
+            downloaded = sum(p.stat().st_size for p in partial.rglob("*") if p.is_file())
             partial.replace(local)
         dist.barrier(group=self.group)
         dcp_load({"app": app}, storage_reader=FileSystemReader(local), process_group=self.group)
         dist.barrier(group=self.group)
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:
             shutil.rmtree(local, ignore_errors=True)
+        return downloaded
+
+
+@dataclass(frozen=True)
+class RestoreStats:
+    """One rank's restore: bytes it fetched from the store, the step's shard bytes, seconds."""
+
+    bytes_read: int
+    step_bytes: int
+    seconds: float
+    per_rank: tuple[int, ...] = ()  # bytes_read of every rank, by rank
 
 
 class Heartbeat:
@@ -338,6 +393,7 @@ class Heartbeat:
         self.store, self.attempt = store, attempt
         self._thread: threading.Thread | None = None
         self.start: AttemptStart | None = None  # how this attempt started, sent with every beat
+        self.request: ServedRequest | None = None  # the last checkpoint request served, likewise
 
     def first_step(self, step: int, process_start: datetime, load_seconds: float) -> None:
         """The attempt's first completed step: recorded, and reported at once."""
@@ -347,11 +403,11 @@ class Heartbeat:
     def beat(self, step: int) -> None:
         if self._thread is not None and self._thread.is_alive():
             return  # the previous write is still retrying; skip this one
-        start = self.start
+        start, request = self.start, self.request
 
         def write() -> None:
             try:
-                self.store.write_progress(step, self.attempt, start=start)
+                self.store.write_progress(step, self.attempt, start=start, request=request)
             except Exception as err:
                 log.warning("progress heartbeat at step %d failed: %s", step, err)
 

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from topotrain.checkpoints import CheckpointStore
+from topotrain.checkpoints import CheckpointStore, ServedRequest
 from topotrain.contract import TrainerEnv
 from torch.optim.lr_scheduler import LambdaLR
 
 from topotrain_trainer.checkpoint import AppState, Checkpointer, Heartbeat, Progress
 from topotrain_trainer.config import TrainingConfig
+from topotrain_trainer.control import Control, Decision, exit_code
 from topotrain_trainer.data import BatchLoader, TokenDataset, ensure_synthetic
 from topotrain_trainer.metrics import Metrics
 from topotrain_trainer.model import model_config
@@ -47,7 +48,10 @@ PROCESS_START = process_start()
 
 
 def train(env: TrainerEnv, config: TrainingConfig) -> None:
+    """Train to `steps`. A stop at a step boundary (SIGTERM: see `control`) raises SystemExit
+    with the rank's exit code once the stop checkpoint is committed and the job closed."""
     job = Job.setup(env, config)
+    stopped: int | None = None
     progress, tokens = job.progress, config.global_batch * config.seq_len
     first = True
     job.loader.start(progress.consumed_samples)
@@ -67,9 +71,12 @@ def train(env: TrainerEnv, config: TrainingConfig) -> None:
         elif job.heartbeat is not None and due:
             job.heartbeat.beat(progress.step)
         first = False
-        if job.checkpointer is not None and job.interval and progress.step % job.interval == 0:
-            job.checkpointer.save(progress.step, job.app, blocking=config.sync_checkpoint)
+        stopped = job.at_boundary(progress.step)
+        if stopped is not None:
+            break
     job.close()
+    if stopped is not None:
+        raise SystemExit(stopped)
 
 
 def lr_lambda(config: TrainingConfig) -> LrSchedule:
@@ -149,6 +156,7 @@ class Job:
                 attempt=env.attempt,
             )
             self.heartbeat = Heartbeat(store, env.attempt) if rank == 0 else None
+        self.control = Control(rank)
 
     @classmethod
     def setup(cls, env: TrainerEnv, config: TrainingConfig) -> Job:
@@ -161,12 +169,46 @@ class Job:
                     "TOPOTRAIN_RESUME_STEP is set but TOPOTRAIN_CHECKPOINT_URI is empty"
                 )
             began = time.perf_counter()
-            job.checkpointer.restore(env.resume_step, job.app)
+            read = job.checkpointer.restore(env.resume_step, job.app)
+            job.control.served = job.checkpointer.restored_request  # not served twice
             job.load_seconds = time.perf_counter() - began
             job.metrics.emit({"event": "restored", "step": job.progress.step,
                               "consumed_samples": job.progress.consumed_samples, "mesh": mesh.sizes(),
-                              "load_seconds": round(time.perf_counter() - began, 4)})  # fmt: skip
+                              "load_seconds": round(time.perf_counter() - began, 4),
+                              "bytes_read": list(read.per_rank), "step_bytes": read.step_bytes})  # fmt: skip
         return job
+
+    def at_boundary(self, step: int) -> int | None:
+        """After a step: the interval's save, the operator's checkpoint request, and SIGTERM
+        (save this step, wait for COMMITTED, then stop: returns the exit code)."""
+        decision = self.control.poll()
+        if decision.stop:
+            return self.stop(step, decision)
+        due = bool(self.interval) and step % self.interval == 0
+        if self.checkpointer is not None and (due or decision.checkpoint):
+            self.checkpointer.save(step, self.app, blocking=self.config.sync_checkpoint,
+                                   request=self.control.served)  # fmt: skip
+        if decision.checkpoint and self.checkpointer is not None:
+            self.served(step, decision)
+        return None
+
+    def stop(self, step: int, decision: Decision) -> int:
+        committed = False
+        if self.checkpointer is not None:
+            committed = self.checkpointer.save_and_commit(step, self.app, self.control.served)
+        if decision.checkpoint and self.checkpointer is not None:
+            self.served(step, decision)
+        code = exit_code(self.control.terminated, committed)
+        self.metrics.emit({"event": "stopped", "step": step, "committed": committed,
+                           "reason": "SIGTERM", "exit_code": code})  # fmt: skip
+        return code
+
+    def served(self, step: int, decision: Decision) -> None:
+        """Record (rank 0) that the save of `step` serves the request, in progress.json too."""
+        self.metrics.emit({"event": "checkpoint_requested", "step": step, "request": decision.request})
+        if self.heartbeat is not None and decision.request:
+            self.heartbeat.request = ServedRequest(decision.request, step)
+            self.heartbeat.beat(step)
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[float, float]:
         """One optimizer step over this rank's share of the global batch: (loss, grad norm)."""

@@ -1,0 +1,86 @@
+"""Requests that reach a running trainer from outside its training loop.
+
+- **SIGTERM** (the kubelet stopping the pod; the pod's supervisor, or torchrun,
+  forwards it to every local rank): at the next step boundary every rank of the
+  gang saves a checkpoint at the current step and waits for its `COMMITTED`,
+  then stops (`exit_code`). The pod's grace period bounds the save.
+- **A checkpoint request**: a new value of the pod annotation
+  `topotrain.io/checkpoint-request`, which the kubelet writes into the
+  downwardAPI control file (`topotrain.contract.control_path()`). Rank 0 reads
+  that small file at every step boundary; at the next boundary every rank saves
+  a checkpoint of that step and training goes on. The save's `COMMITTED` and
+  `progress.json` name the request it served.
+
+One all-reduce (MAX) of two flags per step makes the ranks agree on the step:
+a signal reaches different pods at different moments, and only rank 0 reads
+the file.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import torch
+import torch.distributed as dist
+from topotrain.contract import CHECKPOINT_REQUEST, control_path, read_control
+
+# Stopped on its own SIGTERM after the checkpoint of the current step committed: a planned
+# stop, nothing lost; a restart resumes from that step. Not 0, which would read as "done".
+EXIT_STOPPED = 76
+# A rank stopped because a rank in another pod got SIGTERM: this pod is healthy (the
+# supervisor keeps it for the next attempt). Equal to topotrain_trainer.config's EXIT_PEER_LOST.
+EXIT_PEER_STOPPED = 75
+EXIT_SIGTERM = 128 + signal.SIGTERM  # SIGTERM, but the stop checkpoint did not commit
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What every rank does at this step boundary (identical on all ranks, except
+    `request`, the annotation value, which only rank 0 knows; "" elsewhere)."""
+
+    stop: bool = False
+    checkpoint: bool = False
+    request: str = ""
+
+
+class Control:
+    """Watches SIGTERM and the control file; `poll()` at each step boundary, on every rank."""
+
+    def __init__(self, rank: int, path: Path | None = None, served: str = "") -> None:
+        self.rank = rank
+        self.path = path or control_path()
+        self.served = served  # the last request served (by this run, or by the restored checkpoint)
+        self.terminated = False
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        self.terminated = True  # acted on at the next step boundary, never inside a step
+
+    def pending_request(self) -> str:
+        """A checkpoint request not served yet ("" when none); read by rank 0 only."""
+        if self.rank != 0:
+            return ""
+        value = read_control(self.path).get(CHECKPOINT_REQUEST, "")
+        return value if value and value != self.served else ""
+
+    def poll(self) -> Decision:
+        pending = self.pending_request()
+        flags = torch.tensor([int(self.terminated), int(bool(pending))], dtype=torch.int64)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        stop, checkpoint = bool(flags[0].item()), bool(flags[1].item())
+        if checkpoint:
+            self.served = pending or self.served
+        return Decision(stop, checkpoint, pending if checkpoint else "")
+
+
+def exit_code(terminated: bool, committed: bool) -> int:
+    """How a rank that stopped at a step boundary exits."""
+    if not terminated:
+        return EXIT_PEER_STOPPED
+    return EXIT_STOPPED if committed else EXIT_SIGTERM
