@@ -3,8 +3,8 @@ on KWOK nodes as local processes, because KWOK marks them Running but runs
 nothing.
 
 It stands in for a kubelet's *process execution* only; it is not a kubelet.
-There are no images, no isolation, no volumes, no probes and no container
-restarts; every "node" is this machine. What it does, per pass (every
+There are no images, no isolation, no volumes but downwardAPI ones (written
+as files, see below), no probes and no container restarts; every "node" is this machine. What it does, per pass (every
 `interval` seconds, level-triggered from the API server's state):
 
 - A pod labelled `topotrain.io/job`, bound to a live KWOK node and Running:
@@ -26,6 +26,10 @@ restarts; every "node" is this machine. What it does, per pass (every
   pod is reported Failed with exit code 137 and reason
   ContainerStatusUnknown, as a kubelet does for a container it lost.
 - `freeze`/`thaw` SIGSTOP/SIGCONT a pod's processes: a hang with the pod up.
+- downwardAPI volumes (labels, annotations, fieldRefs) are files under the
+  pod's scratch directory, rewritten on the pass that sees the pod's
+  metadata change, as a kubelet does; the control volume's folder reaches the
+  process as `TOPOTRAIN_CONTROL_DIR` (see `testbed.harness_env`).
 
 Logs go to `<workdir>/logs/<namespace>/<job>/`, one file per pod run.
 """
@@ -42,14 +46,18 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
+from topotrain.contract import CONTROL_DIR, CONTROL_DIR_ENV
 
 from testbed.components import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE
 from testbed.faults import NODE_NOT_READY_STAGE
 from testbed.harness_env import (
     container_argv,
     container_env,
+    downward_files,
+    mount_paths,
     process_env,
     read_env_source,
+    write_files,
 )
 from testbed.harness_proc import (
     PodExit,
@@ -267,6 +275,16 @@ class PodProcessHarness:
             self._kill(run, signal.SIGKILL)  # a container's exit ends what it spawned
             self._report_exit(run, pod, code)
             self._forget(run)
+            return
+        self._write_downward(run, pod)
+
+    def _write_downward(self, run: PodRun, pod: dict[str, Any]) -> None:
+        """Rewrite the pod's downwardAPI files when its metadata changed (a kubelet's sync)."""
+        files = downward_files(pod, lambda attempt: self._port(run.namespace, run.job, attempt))
+        for volume, folder in run.downward.items():
+            if write_files(folder, files.get(volume, {})):
+                log.info("harness: pod %s/%s: downwardAPI volume %s updated", run.namespace,
+                         run.name, volume)
 
     # --- processes ---------------------------------------------------------
 
@@ -292,6 +310,7 @@ class PodProcessHarness:
                 self._port(namespace, job, attempt) if "MASTER_PORT" in variables else None,
                 scratch,
             )
+            downward = self._volumes(pod, container, scratch, env)
             argv = container_argv(container, env)
         except (LookupError, ValueError) as err:
             # A kubelet reports CreateContainerConfigError and keeps waiting; we fail the pod.
@@ -317,6 +336,7 @@ class PodProcessHarness:
             log_path,
             pid_file,
             now(),
+            downward=downward,
         )
         self.launches.append(PodLaunch(namespace, name, job, attempt, spec["nodeName"], time.time()))
         log.info(
@@ -326,6 +346,29 @@ class PodProcessHarness:
             spec["nodeName"],
             process.pid,
         )
+
+    def _volumes(
+        self, pod: dict[str, Any], container: dict[str, Any], scratch: Path, env: dict[str, str],
+    ) -> dict[str, Path]:
+        """Write the pod's downwardAPI volumes into its scratch folder; point the process at the
+        control volume (it cannot be mounted at its path on this machine)."""
+        meta = pod["metadata"]
+        labels = meta.get("labels") or {}
+        files = downward_files(
+            pod, lambda attempt: self._port(meta["namespace"], labels.get(JOB_LABEL, ""), attempt)
+        )
+        mounts = mount_paths(container)
+        folders: dict[str, Path] = {}
+        for volume, content in files.items():
+            if volume not in mounts:
+                continue
+            folder = scratch / "volumes" / volume
+            folder.mkdir(parents=True, exist_ok=True)
+            write_files(folder, content)
+            folders[volume] = folder
+            if mounts[volume] == CONTROL_DIR:
+                env[CONTROL_DIR_ENV] = str(folder)
+        return folders
 
     def _port(self, namespace: str, job: str, attempt: str) -> int:
         key = (namespace, job, attempt)

@@ -10,6 +10,12 @@ testbed is this one machine:
 - `MASTER_PORT` is rewritten to a port chosen per (namespace, job, attempt),
   so two jobs (or an old and a new attempt of one job) never share a
   rendezvous port on 127.0.0.1.
+- downwardAPI volumes (`downward_files`) are files in the pod's scratch
+  directory, not mounts; the control volume's mount path
+  (`topotrain.contract.CONTROL_DIR`) reaches the process as
+  `TOPOTRAIN_CONTROL_DIR`. In the control file, `topotrain.io/master-addr`
+  becomes 127.0.0.1 and `topotrain.io/master-port` the attempt's port, as in
+  the environment.
 
 The image is not pulled or run: the container's `command`, or the image's
 entrypoint from `ENTRYPOINTS` when the pod has none, runs with this
@@ -27,6 +33,13 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from topotrain.contract import (
+    ATTEMPT_ANNOTATION,
+    MASTER_ADDR_ANNOTATION,
+    MASTER_PORT_ANNOTATION,
+    format_control,
+)
 
 from testbed.binaries import REPO_ROOT, code_path
 
@@ -229,3 +242,52 @@ def container_argv(container: Mapping[str, Any], env: Mapping[str, str]) -> list
 
 def describe(argv: list[str]) -> str:
     return shlex.join(argv)
+
+
+def downward_files(
+    pod: Mapping[str, Any], port_of: Callable[[str], int] | None = None,
+) -> dict[str, dict[str, str]]:
+    """Each downwardAPI volume of the pod: volume name -> {file path: content}, as a kubelet
+    writes them (labels and annotations as sorted `key="value"` lines). `port_of(attempt)`
+    gives the rendezvous port the harness uses for an attempt (see the module doc)."""
+    meta = pod.get("metadata") or {}
+    out: dict[str, dict[str, str]] = {}
+    for volume in (pod.get("spec") or {}).get("volumes") or []:
+        source = volume.get("downwardAPI")
+        if source is None:
+            continue
+        files: dict[str, str] = {}
+        for item in source.get("items") or []:
+            path = (item.get("fieldRef") or {}).get("fieldPath", "")
+            if path in ("metadata.annotations", "metadata.labels"):
+                values = dict(meta.get(path.split(".", 1)[1]) or {})
+                if path == "metadata.annotations" and MASTER_ADDR_ANNOTATION in values:
+                    values[MASTER_ADDR_ANNOTATION] = LOCAL_ADDR
+                    attempt = values.get(ATTEMPT_ANNOTATION, "")
+                    if port_of is not None and attempt:
+                        values[MASTER_PORT_ANNOTATION] = str(port_of(attempt))
+                files[item["path"]] = format_control(values)
+            elif path:
+                files[item["path"]] = field_value(pod, path)
+        out[volume["name"]] = files
+    return out
+
+
+def mount_paths(container: Mapping[str, Any]) -> dict[str, str]:
+    """volume name -> mount path in the container."""
+    return {m["name"]: m["mountPath"] for m in container.get("volumeMounts") or []}
+
+
+def write_files(folder: Path, files: Mapping[str, str]) -> bool:
+    """Write a volume's files (each swapped in whole, as a kubelet does); True if any changed."""
+    changed = False
+    for name, content in files.items():
+        target = folder / name
+        if target.exists() and target.read_text() == content:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staged = target.with_name(f".{target.name}.tmp")
+        staged.write_text(content)
+        staged.replace(target)
+        changed = True
+    return changed

@@ -10,7 +10,7 @@ import shlex
 import signal
 import subprocess
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,7 @@ class PodRun:
     frozen: bool = False
     kill_deadline: float | None = None  # set once termination began
     lost: bool = False  # killed with its node
+    downward: dict[str, Path] = field(default_factory=dict)  # downwardAPI volume -> its folder
 
     @property
     def pgid(self) -> int:

@@ -344,6 +344,12 @@ class FailurePolicy(_Model):
         "Running this long and its trainer has not yet written progress.json (imports, rendezvous, "
         "checkpoint load). 0 uses progressTimeoutSeconds.",
     )
+    restart_in_place: bool = Field(
+        True, alias="restartInPlace",
+        description="After a trainer crash, a hang or one lost pod, keep the gang's healthy pods "
+        "and restart their trainer processes in place (the bundled trainer's supervisor), "
+        "replacing only the failed pod; false always recreates the whole gang.",
+    )
     non_retryable_exit_codes: list[int] = Field(
         default_factory=lambda: [78], alias="nonRetryableExitCodes", max_length=MAX_LIST,
         description="Trainer exit codes that fail the job at once (bad configuration). "

@@ -17,7 +17,16 @@ from typing import Any
 
 from topotrain.api import TrainingJobSpec
 from topotrain.kube import Kube
-from topotrain.manifests import JobMeta, PodPlan, network_policy, pod, pod_name, rank_table, service
+from topotrain.manifests import (
+    JobMeta,
+    PodPlan,
+    network_policy,
+    pod,
+    pod_name,
+    rank_table,
+    restart_in_place_patch,
+    service,
+)
 from topotrain.ownership import ForeignObject
 from topotrain.reconcile import Decision, Launch
 from topotrain.settings import Settings
@@ -47,6 +56,11 @@ class Actuator:
             self.kube.delete_pods(namespace, decision.delete, self.settings.pod_grace_seconds)
             for name in decision.delete:
                 self.ledger.forget(namespace, name)
+        if decision.relabel is not None:
+            # Kept pods move to the in-place attempt before its replacement pods exist.
+            move = decision.relabel
+            self.kube.patch_pods(namespace, list(move.pods), restart_in_place_patch(
+                move.attempt, move.resume_step, move.master_addr))
         if decision.launch is not None:
             meta = body.get("metadata", {})
             job = JobMeta(name=key[1], namespace=namespace, uid=str(meta.get("uid", "")))
@@ -67,7 +81,7 @@ class Actuator:
         self.kube.apply(service(job, settings.master_port))
         if settings.network_policy:
             self.kube.apply(network_policy(job))
-        if not launch.only:
+        if not launch.only or launch.in_place:
             self.kube.apply(rank_table(job, spec, launch.attempt, launch.data, launch.pool,
                                        launch.assignments))
         indices = launch.only or tuple(sorted(launch.assignments))
@@ -75,14 +89,16 @@ class Actuator:
             pod(job, spec, PodPlan(
                 attempt=launch.attempt, index=i, node=launch.assignments[i], data=launch.data,
                 resume_step=launch.resume_step, master_port=settings.master_port,
-                s3_endpoint=settings.s3_endpoint,
+                s3_endpoint=settings.s3_endpoint, master_addr=launch.master_addr,
             ))
             for i in indices
         ]
         for manifest in manifests:
             self.ledger.record(key, manifest)
         created, refused = self.kube.create_pods(manifests)
-        every = [pod_name(job.name, launch.attempt, i) for i in sorted(launch.assignments)]
+        # (an in-place restart's other indices are kept pods of earlier attempts: never touched here)
+        every = [pod_name(job.name, launch.attempt, i)
+                 for i in sorted(launch.only if launch.in_place else launch.assignments)]
         if refused:
             # Never leave half a gang holding quota or GPUs: take back what was created, gated.
             log.warning("%s/%s attempt %d: the API server refused %d pod(s) (%s); deleting the "

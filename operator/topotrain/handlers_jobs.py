@@ -152,7 +152,7 @@ class JobLoop:
             obs = self._observed(spec, status, snapshot, ckpt, table, problem)
             decision = rec.reconcile(obs)
             fresh_needed = spec.checkpoint is not None and not self.observer.fresh(self.key)
-            if decision.launch is not None and fresh_needed:
+            if (decision.launch is not None or decision.relabel is not None) and fresh_needed:
                 _, ckpt = await asyncio.to_thread(self.observer.checkpoint, self.key, spec, status, True)
                 decision = rec.reconcile(replace(obs, checkpoint=ckpt))
             # Intent first: the status (attempt, restarts, failure) is durable before any pod
@@ -168,7 +168,7 @@ class JobLoop:
         for kind, reason, message in decision.events:
             kopf.event(self.body, type=kind, reason=reason, message=message)
             log.info("%s/%s %s %s: %s", *self.key, kind, reason, message)
-        if decision.launch or decision.delete or decision.release:
+        if decision.launch or decision.delete or decision.release or decision.relabel:
             launch = decision.launch
             log.info("%s/%s phase %s: delete %d, create %s, release %d "
                      "(observe+decide %.2fs, status %.2fs, act %.2fs)", *self.key,

@@ -226,6 +226,21 @@ class Kube:
 
         list(self.pool.map(one, names))
 
+    def patch_pods(self, namespace: str, names: list[str], patch: Mapping[str, Any]) -> None:
+        """The same JSON merge patch on each pod's metadata (a pod gone meanwhile is skipped)."""
+
+        def one(name: str) -> None:
+            try:
+                self.core.patch_namespaced_pod(
+                    name, namespace, dict(patch), field_manager=FIELD_OWNER,
+                    _content_type="application/merge-patch+json",
+                )
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+        list(self.pool.map(one, names))
+
     def delete_pods(self, namespace: str, names: list[str], grace_seconds: int) -> None:
         def one(name: str) -> None:
             try:

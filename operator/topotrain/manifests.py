@@ -30,6 +30,12 @@ from topotrain.api import TrainingJobSpec, WorkerSpec
 from topotrain.checkpoints import job_prefix
 from topotrain.contract import (
     ACCESS_KEY_ID,
+    ATTEMPT_ANNOTATION,
+    CONTROL_DIR,
+    CONTROL_FILE,
+    CONTROL_VOLUME,
+    MASTER_ADDR_ANNOTATION,
+    RESUME_STEP_ANNOTATION,
     S3_ENDPOINT,
     SECRET_ACCESS_KEY,
     TrainerEnv,
@@ -41,7 +47,7 @@ ATTEMPT_LABEL = "topotrain.io/attempt"
 INDEX_LABEL = "topotrain.io/index"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 NODE_ANNOTATION = "topotrain.io/node"
-RESUME_ANNOTATION = "topotrain.io/resume-step"
+RESUME_ANNOTATION = RESUME_STEP_ANNOTATION
 TEMPLATE_ANNOTATION = "topotrain.io/template"  # hash of the spec fields the pods are built from
 GANG_GATE = "topotrain.io/gang"
 FIELD_OWNER = "topotrain"
@@ -69,6 +75,7 @@ class PodPlan:
     resume_step: int | None
     master_port: int = 29500
     s3_endpoint: str | None = None  # used when the spec names none
+    master_addr: str | None = None  # rank 0's address when pod 0 was kept from an earlier attempt
 
 
 def labels(job: str, attempt: int | None = None, index: int | None = None) -> dict[str, str]:
@@ -99,7 +106,24 @@ def pod_name(job: str, attempt: int, index: int) -> str:
 
 
 def master_addr(job: str, namespace: str, attempt: int) -> str:
-    return f"{pod_name(job, attempt, 0)}.{job}.{namespace}.svc"
+    return pod_address(job, namespace, pod_name(job, attempt, 0))
+
+
+def pod_address(job: str, namespace: str, pod: str) -> str:
+    """A pod's stable DNS name under the job's headless Service (hostname = pod name)."""
+    return f"{pod}.{job}.{namespace}.svc"
+
+
+def restart_in_place_patch(attempt: int, resume_step: int | None, master: str) -> dict[str, Any]:
+    """Merge patch moving a kept pod to `attempt`: its label, and the annotations its supervisor
+    reads through the control volume (a new attempt restarts its trainer processes)."""
+    return {"metadata": {
+        "labels": {ATTEMPT_LABEL: str(attempt)},
+        "annotations": {
+            ATTEMPT_ANNOTATION: str(attempt), MASTER_ADDR_ANNOTATION: master,
+            RESUME_ANNOTATION: "" if resume_step is None else str(resume_step),
+        },
+    }}
 
 
 def rank_table_name(job: str) -> str:
@@ -217,7 +241,7 @@ def _env(spec: TrainingJobSpec, job: JobMeta, plan: PodPlan) -> list[dict[str, A
     nnodes = par.tensor * par.pipeline * plan.data // spec.worker.gpus_per_pod
     ckpt = spec.checkpoint
     contract = TrainerEnv(
-        master_addr=master_addr(job.name, job.namespace, plan.attempt),
+        master_addr=plan.master_addr or master_addr(job.name, job.namespace, plan.attempt),
         master_port=plan.master_port, nnodes=nnodes, node_rank=plan.index,
         nproc_per_node=spec.worker.gpus_per_pod, tensor=par.tensor, pipeline=par.pipeline,
         data=plan.data, rank_order=spec.rank_order, attempt=plan.attempt,
@@ -277,6 +301,14 @@ def _shm_volume(worker: WorkerSpec) -> dict[str, Any]:
     return {"name": SHM_VOLUME, "emptyDir": empty_dir}
 
 
+def _control_volume() -> dict[str, Any]:
+    """The pod's annotations as a file the kubelet rewrites when they change: the operator's
+    channel to a running trainer (in-place restarts, checkpoint requests)."""
+    return {"name": CONTROL_VOLUME, "downwardAPI": {"items": [
+        {"path": CONTROL_FILE, "fieldRef": {"fieldPath": "metadata.annotations"}},
+    ]}}
+
+
 def pod(job: JobMeta, spec: TrainingJobSpec, plan: PodPlan) -> dict[str, Any]:
     """One training pod, gated, pinned to its planned node; the scheduler still binds it."""
     name = pod_name(job.name, plan.attempt, plan.index)
@@ -285,12 +317,17 @@ def pod(job: JobMeta, spec: TrainingJobSpec, plan: PodPlan) -> dict[str, Any]:
         NODE_ANNOTATION: plan.node,
         RESUME_ANNOTATION: "" if plan.resume_step is None else str(plan.resume_step),
         TEMPLATE_ANNOTATION: template_hash(spec),
+        ATTEMPT_ANNOTATION: str(plan.attempt),
+        MASTER_ADDR_ANNOTATION: plan.master_addr or master_addr(job.name, job.namespace, plan.attempt),
     }
     container: dict[str, Any] = {
         "name": CONTAINER, "image": spec.image, "env": _env(spec, job, plan),
         "resources": _resources(spec),
         "ports": [{"name": "rendezvous", "containerPort": plan.master_port}],
-        "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
+        "volumeMounts": [
+            {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+            {"name": CONTROL_VOLUME, "mountPath": CONTROL_DIR, "readOnly": True},
+        ],
         # the crashed container's last log lines survive as its termination message
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
@@ -316,7 +353,7 @@ def pod(job: JobMeta, spec: TrainingJobSpec, plan: PodPlan) -> dict[str, Any]:
         }}},
         "tolerations": [t.to_wire() for t in spec.worker.tolerations],
         "containers": [container],
-        "volumes": [_shm_volume(spec.worker)],
+        "volumes": [_shm_volume(spec.worker), _control_volume()],
         "automountServiceAccountToken": spec.worker.automount_service_account_token,
     }
     pod_security = _pod_security_context(spec.worker)

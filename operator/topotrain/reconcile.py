@@ -16,10 +16,10 @@ pods but before writing status, the next pass still finds the current attempt.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from topotrain import elastic, policy
+from topotrain import elastic, inplace, policy
 from topotrain.api import TrainingJobSpec
 from topotrain.planning import Planner, PlanOutcome
 from topotrain.reconcile_status import CheckpointView, StatusBuilder, iso
@@ -74,6 +74,18 @@ class Launch:
     mode: str
     only: tuple[int, ...] = ()  # create just these indices (finishing a half-created gang)
     release: bool = True  # False: older pods still hold the nodes; a later pass releases the gate
+    in_place: bool = False  # the other indices are kept pods of an in-place restart
+    master_addr: str | None = None  # rank 0's address when pod 0 is a kept pod
+
+
+@dataclass(frozen=True)
+class Relabel:
+    """Move kept pods to the attempt of an in-place restart (label and control annotations)."""
+
+    pods: tuple[str, ...]
+    attempt: int
+    resume_step: int | None
+    master_addr: str
 
 
 @dataclass
@@ -83,6 +95,7 @@ class Decision:
     status: TrainingJobStatus
     delete: list[str] = field(default_factory=list)
     launch: Launch | None = None
+    relabel: Relabel | None = None
     release: list[str] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
     requeue_after: float | None = None
@@ -110,9 +123,12 @@ def reconcile(obs: Observed) -> Decision:
         return _finish(decision, sb)
     attempt = max([sb.status.attempt, *(p.attempt for p in obs.pods)])
     sb.status.attempt = attempt
+    pods, stale = inplace.effective(obs.pods, sb.status)
+    obs = replace(obs, pods=pods)
     current = [p for p in obs.pods if p.attempt == attempt]
     decision.delete = [p.name for p in obs.pods if p.attempt < attempt and not p.terminating
                        and p.phase != "Failed"]
+    _relabel(obs, sb, decision, attempt, stale)
     if obs.config_problem is not None:
         sb.config_invalid(*obs.config_problem)
         decision.events.extend(sb.events)
@@ -131,6 +147,8 @@ def reconcile(obs: Observed) -> Decision:
             _on_failure(obs, sb, decision, attempt, [], gone)
     elif not current:
         _launch(obs, sb, decision, attempt)
+    elif inplace.in_flight(sb.status) and _missing_replaced(sb, current):
+        _replace_in_place(obs, sb, decision, attempt, current)
     else:
         _steady(obs, sb, decision, attempt, current)
     if sb.status.phase == "Running":
@@ -383,6 +401,12 @@ def _on_failure(
     used = policy.used_budgets(sb.status.restarts, sb.status.restarts_by_class)
     verdict = policy.decide(failure, used, obs.spec.failure_policy)
     sb.record_failure(failure, obs.spec.failure_policy)
+    keep = _in_place_plan(obs, sb, attempt, current, failure) if verdict.action == "restart" else None
+    if keep is not None:
+        decision.restart_reason = failure.reason
+        _restart_in_place(obs, sb, decision, attempt, verdict, failure, keep)
+        return
+    decision.relabel = None  # a kept pod failed again: the gang is recreated
     # The crashed pods stay (they hold no GPUs) until the next attempt runs: their logs survive.
     decision.delete += [p.name for p in current if not p.terminating and p.phase != "Failed"]
     if verdict.action == "fail":
@@ -411,3 +435,103 @@ def _maybe_resize(
     decision.delete += [p.name for p in current if not p.terminating]
     sb.resizing(request, outcome.data, attempt + 1)
     _launch(obs, sb, decision, attempt + 1, outcome=outcome)
+
+
+# --- in-place restart (see inplace.py) ------------------------------------------
+
+
+def _in_place_plan(
+    obs: Observed, sb: StatusBuilder, attempt: int, current: list[policy.PodView],
+    failure: policy.Failure,
+) -> inplace.InPlacePlan | None:
+    ckpt = obs.checkpoint
+    if (not obs.spec.failure_policy.restart_in_place or obs.strategy != "incremental"
+            or (ckpt is not None and not ckpt.reachable) or obs.config_problem is not None):
+        return None
+    data = sb.status.parallelism.data if sb.status.parallelism else obs.spec.parallelism.data
+    expected = elastic.pods_for(obs.spec.parallelism, data, obs.spec.worker.gpus_per_pod)
+    table = obs.rank_table
+    placed = dict(table.assignments) if table is not None and table.attempt == attempt else None
+    return inplace.plan(failure, current, expected, obs.nodes,
+                        policy.avoided_nodes(sb.status.node_failures), sb.status, attempt, placed)
+
+
+def _restart_in_place(
+    obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
+    verdict: policy.RestartDecision, failure: policy.Failure, keep: inplace.InPlacePlan,
+) -> None:
+    """Keep the healthy pods (moved to the next attempt), replace only the failed indices."""
+    nxt = attempt + 1
+    sb.restarting(verdict, nxt, failure.kind)
+    rec = sb.status.recovery
+    assert rec is not None
+    rec.mode, rec.replaced_indices = inplace.IN_PLACE, sorted(keep.replaced)
+    rec.resume_step = obs.checkpoint.step if obs.checkpoint is not None else None
+    sb.status.attempt_start_time = iso(obs.now)
+    step = "from scratch" if rec.resume_step is None else f"from step {rec.resume_step}"
+    where = ", ".join(f"index {i} on {n}" for i, n in sorted(keep.replaced.items()))
+    message = (f"attempt {nxt} {step} in place: kept {len(keep.kept)} pod(s)"
+               + (f", replacing {where}" if where else ""))
+    sb.set(C.RECOVERING, True, Reason.RESTARTED_IN_PLACE, f"{message}; {verdict.message}")
+    sb.events.append(("Normal", Reason.RESTARTED_IN_PLACE, message))
+    moved = [replace(p, attempt=nxt) for p in keep.kept]
+    _relabel(obs, sb, decision, nxt, [p.name for p in keep.kept], moved)
+    if keep.replaced:
+        _replace_in_place(obs, sb, decision, nxt, moved, dict(keep.replaced))
+
+
+def _relabel(
+    obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int, names: list[str],
+    current: list[policy.PodView] | None = None,
+) -> None:
+    """Patch the kept pods onto `attempt` (again on every pass until the watch shows it)."""
+    if not names:
+        return
+    pods = current if current is not None else [p for p in obs.pods if p.attempt == attempt]
+    rec = sb.status.recovery
+    decision.relabel = Relabel(
+        pods=tuple(names), attempt=attempt, resume_step=rec.resume_step if rec else None,
+        master_addr=inplace.master_address(obs.name, obs.namespace, attempt, pods),
+    )
+
+
+def _missing_replaced(sb: StatusBuilder, current: list[policy.PodView]) -> list[int]:
+    rec = sb.status.recovery
+    present = {p.index for p in current}
+    return [i for i in (rec.replaced_indices or []) if i not in present] if rec else []
+
+
+def _replace_in_place(
+    obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
+    current: list[policy.PodView], nodes: Mapping[int, str] | None = None,
+) -> None:
+    """Create the replacement pods of an in-place restart, after the backoff."""
+    missing = tuple(_missing_replaced(sb, current))
+    if not missing:
+        return
+    waiting = _backoff_left(obs, sb)
+    if waiting > 0:
+        sb.set(C.RECOVERING, True, Reason.BACKOFF,
+               f"in-place restart {sb.status.restarts}: the replacement pod waits {waiting:.0f}s")
+        decision.requeue_after = waiting
+        return
+    if _refused_too_long(obs, sb, decision):
+        return
+    table = obs.rank_table
+    assignments = {p.index: p.where for p in current if p.where}
+    # Where the failed pod ran (the crashed pod is kept for its logs; else the rank table).
+    before = {p.index: p.where for p in obs.pods if p.attempt == attempt - 1 and p.where}
+    for index in missing:
+        node = ((nodes or {}).get(index) or before.get(index)
+                or (table.assignments.get(index) if table else None))
+        if node is None:
+            return  # no record of where it ran: the pods-not-starting clock ends it as a recreate
+        assignments[index] = node
+    data = sb.status.parallelism.data if sb.status.parallelism else obs.spec.parallelism.data
+    rec = sb.status.recovery
+    decision.launch = Launch(
+        attempt=attempt, data=data, pool=sb.status.pool, assignments=assignments,
+        resume_step=rec.resume_step if rec else None, mode=inplace.IN_PLACE, only=missing,
+        release=not _blocking(obs, attempt, {assignments[i] for i in missing}), in_place=True,
+        master_addr=inplace.master_address(obs.name, obs.namespace, attempt, current),
+    )

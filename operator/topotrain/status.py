@@ -47,6 +47,7 @@ class Reason:
     PROGRESS_OK = "ProgressReported"
     BACKOFF = "BackoffWaiting"
     RESTARTED = "GangRestarted"
+    RESTARTED_IN_PLACE = "RestartedInPlace"
     SHRUNK = "ShrunkDataParallel"
     GREW = "GrewDataParallel"
     RESIZED = "Resized"
@@ -215,7 +216,14 @@ class RecoveryStatus(_Model):
     pods_running_time: str | None = Field(
         None, alias="podsRunningTime", description="When the attempt's pods were all Running.",
     )
-    mode: str | None = Field(None, description="incremental, full, shrink or grow.")
+    mode: str | None = Field(
+        None, description="incremental, full, shrink, grow, rollout, resize, or inPlace (the healthy "
+        "pods were kept and their trainer processes restarted; only replacedIndices got new pods).",
+    )
+    replaced_indices: list[int] | None = Field(
+        None, alias="replacedIndices",
+        description="An in-place restart: the pod indices that got new pods (the others were kept).",
+    )
     resume_step: int | None = Field(None, alias="resumeStep", description="Checkpoint step it resumed from.")
     started: str | None = Field(None, description="When the failure was detected (in flight while set).")
 

@@ -17,6 +17,7 @@ from topotrain.manifests import (
     pod,
     rank_rows,
     rank_table,
+    restart_in_place_patch,
     service,
 )
 
@@ -112,8 +113,31 @@ def test_pods_meet_the_restricted_pod_security_standard_by_default() -> None:
     assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
     assert p["spec"]["automountServiceAccountToken"] is False
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
-    assert p["spec"]["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
-    assert container["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
+    # downwardAPI is one of the volume types the restricted standard allows
+    assert p["spec"]["volumes"] == [
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        {"name": "topotrain-control", "downwardAPI": {"items": [
+            {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]}},
+    ]
+    assert container["volumeMounts"] == [
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "topotrain-control", "mountPath": "/etc/topotrain", "readOnly": True},
+    ]
+
+
+def test_pods_carry_their_attempt_and_rank_zero_address_for_the_supervisor() -> None:
+    p = pod(JOB, spec(), PodPlan(3, 1, "n", 2, 8))
+    notes = p["metadata"]["annotations"]
+    assert notes["topotrain.io/attempt"] == "3" and notes["topotrain.io/resume-step"] == "8"
+    assert notes["topotrain.io/master-addr"] == f"{JOB.name}-3-0.{JOB.name}.{JOB.namespace}.svc"
+    kept_zero = f"{JOB.name}-1-0.{JOB.name}.{JOB.namespace}.svc"
+    moved = pod(JOB, spec(), PodPlan(3, 1, "n", 2, 8, master_addr=kept_zero))
+    env = {e["name"]: e.get("value") for e in moved["spec"]["containers"][0]["env"]}
+    assert env["MASTER_ADDR"] == kept_zero == moved["metadata"]["annotations"]["topotrain.io/master-addr"]
+    patch = restart_in_place_patch(4, None, kept_zero)
+    assert patch == {"metadata": {"labels": {"topotrain.io/attempt": "4"}, "annotations": {
+        "topotrain.io/attempt": "4", "topotrain.io/master-addr": kept_zero,
+        "topotrain.io/resume-step": ""}}}
 
 
 def test_an_image_that_needs_root_opts_out_per_job() -> None:

@@ -63,7 +63,8 @@ def spec(**failure: Any) -> TrainingJobSpec:
         "parallelism": {"tensor": 2, "pipeline": 2, "data": 2, "minData": 1},
         "worker": {"gpusPerPod": 2},
         "checkpoint": {"uri": "s3://ckpt/runs"},
-        "failurePolicy": {"backoffSeconds": 0, **failure},
+        # restartInPlace: these tests hold the recreate path; test_reconcile_inplace.py the other
+        "failurePolicy": {"backoffSeconds": 0, "restartInPlace": False, **failure},
     })
 
 

@@ -1,0 +1,146 @@
+"""In-place restart decisions, pass by pass (the fake planner of test_reconcile.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from topotrain.policy import NodeView, PodView
+from topotrain.reconcile import Decision, Observed
+from topotrain.status import Reason
+
+from tests.unit.test_reconcile import T0, gang, observed, run, spec
+
+
+def addr(pod: str) -> str:
+    return f"{pod}.job.ns.svc"
+
+
+def running_inplace(**failure: Any) -> Observed:
+    """A Running gang of attempt 0 whose spec restarts in place (the default)."""
+    obs = observed(spec=spec(restartInPlace=True, **failure))
+    _, obs = run(obs)
+    _, obs = run(obs, pods=gang(0, phase="Pending", gated=True))
+    _, obs = run(obs, pods=gang(0))
+    return obs
+
+
+def crash(index: int, code: int = 137) -> tuple[PodView, ...]:
+    pods = list(gang(0))
+    pods[index] = replace(pods[index], phase="Failed", exit_code=code)
+    return tuple(pods)
+
+
+def test_a_crashed_trainer_keeps_the_healthy_pods_and_replaces_only_its_own() -> None:
+    obs = running_inplace()
+    d, after = run(obs, pods=crash(1), now=T0 + timedelta(seconds=5))
+    assert d.delete == [] and d.relabel is not None
+    assert sorted(d.relabel.pods) == ["job-0-0", "job-0-2", "job-0-3"]
+    assert (d.relabel.attempt, d.relabel.resume_step, d.relabel.master_addr) == (1, 200, addr("job-0-0"))
+    assert d.launch is not None and d.launch.in_place and d.launch.only == (1,)
+    assert d.launch.attempt == 1 and d.launch.assignments[1] == "n1" and d.launch.resume_step == 200
+    assert d.launch.master_addr == addr("job-0-0")
+    st = d.status
+    assert st.attempt == 1 and st.restarts == 1 and st.restarts_by_class is not None
+    assert st.restarts_by_class.application == 1 and st.phase == "Recovering"
+    assert st.recovery is not None and st.recovery.mode == "inPlace"
+    assert st.recovery.replaced_indices == [1] and st.last_failure is not None
+    assert st.last_failure.reason == Reason.POD_FAILED
+    assert any(r == Reason.RESTARTED_IN_PLACE for _, r, _ in d.events)
+
+    # The watch has not shown the new labels yet: nothing is deleted or created twice.
+    replacement = PodView("job-1-1", 1, 1, phase="Pending", planned_node="n1", gated=True)
+    stale = (*crash(1), replacement)
+    d2, after = run(after, pods=stale, now=T0 + timedelta(seconds=6))
+    assert d2.delete == [] and d2.launch is None and d2.release == ["job-1-1"]
+    assert d2.relabel is not None and sorted(d2.relabel.pods) == ["job-0-0", "job-0-2", "job-0-3"]
+
+    # Every pod of attempt 1 Running: recovered; the crashed pod's logs are no longer kept.
+    moved = tuple(replace(p, attempt=1) for p in gang(0) if p.index != 1)
+    now = (*crash(1)[1:2], *moved, replace(replacement, phase="Running", node="n1", gated=False))
+    d3, _ = run(after, pods=now, now=T0 + timedelta(seconds=8))
+    assert d3.status.phase == "Running" and d3.recovered_seconds == pytest.approx(3.0)
+    assert d3.delete == ["job-0-1"] and d3.relabel is None and d3.launch is None
+
+
+def test_pod_zero_replaced_gets_the_new_attempts_name_as_rank_zero_address() -> None:
+    d, _ = run(running_inplace(), pods=crash(0), now=T0 + timedelta(seconds=5))
+    assert d.relabel is not None and d.relabel.master_addr == addr("job-1-0")
+    assert d.launch is not None and d.launch.only == (0,)
+
+
+def test_a_deleted_pod_is_replaced_in_place() -> None:
+    pods = list(gang(0))
+    pods[2] = replace(pods[2], terminating=True)
+    d, _ = run(running_inplace(), pods=tuple(pods), now=T0 + timedelta(seconds=5))
+    assert d.launch is not None and d.launch.only == (2,) and d.status.last_failure is not None
+    assert d.status.last_failure.reason == Reason.POD_DELETED
+    assert d.launch.release is False  # the deleted pod still holds its node: released later
+
+
+def test_a_hang_restarts_every_pod_in_place_and_creates_none() -> None:
+    obs = running_inplace(progressTimeoutSeconds=60, startupTimeoutSeconds=60)
+    late = T0 + timedelta(seconds=200)
+    d, _ = run(obs, now=late)
+    assert d.status.last_failure is not None
+    assert d.status.last_failure.reason == Reason.PROGRESS_STALLED
+    assert d.launch is None and d.delete == [] and d.relabel is not None
+    assert sorted(d.relabel.pods) == [f"job-0-{i}" for i in range(4)] and d.relabel.attempt == 1
+
+
+def _recreates(d: Decision) -> bool:
+    return d.relabel is None and bool(d.delete) and (d.launch is None or not d.launch.in_place)
+
+
+def test_fallbacks_recreate_the_gang() -> None:
+    later = T0 + timedelta(seconds=5)
+    # restartInPlace: false
+    obs = observed(spec=spec(restartInPlace=False))
+    _, obs = run(obs)
+    _, obs = run(obs, pods=gang(0))
+    assert _recreates(run(obs, pods=crash(1), now=later)[0])
+    obs = running_inplace()
+    # two pods failed
+    two = list(crash(1))
+    two[2] = replace(two[2], phase="Failed", exit_code=1)
+    assert _recreates(run(obs, pods=tuple(two), now=later)[0])
+    # a node NotReady
+    nodes = {**obs.nodes, "n1": NodeView("n1", ready=False)}
+    assert _recreates(run(obs, nodes=nodes, now=later)[0])
+    # an eviction
+    evicted = list(gang(0))
+    evicted[1] = replace(evicted[1], phase="Failed", reason="Evicted")
+    assert _recreates(run(obs, pods=tuple(evicted), now=later)[0])
+    # the recreate baseline strategy
+    d = run(replace(obs, strategy="recreate"), pods=crash(1), now=later)[0]
+    assert d.relabel is None and d.launch is None and d.delete
+    # a crash while another pod of the gang is not Running
+    pending = list(crash(1))
+    pending[3] = replace(pending[3], phase="Pending")
+    assert _recreates(run(obs, pods=tuple(pending), now=later)[0])
+
+
+def test_a_second_failure_before_the_in_place_attempt_trained_recreates() -> None:
+    obs = running_inplace()
+    _, after = run(obs, pods=crash(1), now=T0 + timedelta(seconds=5))
+    moved = [replace(p, attempt=1) for p in gang(0) if p.index != 1]
+    moved[0] = replace(moved[0], phase="Failed", exit_code=1)
+    pods = (*crash(1)[1:2], *moved, PodView("job-1-1", 1, 1, phase="Running", node="n1"))
+    d2, _ = run(after, pods=pods, now=T0 + timedelta(seconds=9))
+    assert d2.status.attempt == 2 and d2.relabel is None
+    assert d2.status.recovery is not None and d2.status.recovery.mode != "inPlace"
+    assert sorted(d2.delete) == ["job-0-2", "job-0-3", "job-1-1"]
+
+
+def test_backoff_delays_only_the_replacement_pod() -> None:
+    obs = running_inplace(backoffSeconds=10)
+    d, after = run(obs, pods=crash(1), now=T0 + timedelta(seconds=5))
+    assert d.relabel is not None and d.launch is None and d.delete == []
+    assert d.requeue_after == pytest.approx(10)
+    moved = tuple(replace(p, attempt=1) for p in gang(0) if p.index != 1)
+    d2, after = run(after, pods=(*crash(1)[1:2], *moved), now=T0 + timedelta(seconds=9))
+    assert d2.launch is None and d2.delete == [] and d2.status.restarts == 1  # no new failure
+    d3, _ = run(after, pods=(*crash(1)[1:2], *moved), now=T0 + timedelta(seconds=16))
+    assert d3.launch is not None and d3.launch.only == (1,) and d3.launch.in_place
