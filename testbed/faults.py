@@ -14,10 +14,16 @@
   `node.kubernetes.io/unreachable`, as for a machine that died.
 - Node deletion: the Node object is deleted (`testbed.nodes.delete_node`).
 - S3 outage: the versitygw process is stopped and started again.
+- Trainer crash or hang inside a pod the harness runs: a signal to the pod's
+  trainer ranks only (`signal_trainer`), the children of its supervisor
+  process, so the pod itself stays up.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -120,3 +126,24 @@ def _patch_lease(
     }
     with api_client(kubeconfig) as api:
         client.CoordinationV1Api(api).patch_namespaced_lease(name, NODE_LEASE_NAMESPACE, patch)
+
+
+def trainer_processes(pod_pid: int) -> list[int]:
+    """The trainer ranks of a harness-run pod: the children of its process (the supervisor)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pod_pid and fields[0] not in ("Z", "X"):
+                    out.append(int(entry.name))
+    return sorted(out)
+
+
+def signal_trainer(pod_pid: int, sig: signal.Signals = signal.SIGKILL) -> list[int]:
+    """Signal every trainer rank of a pod (SIGKILL: a crash; SIGSTOP: a hang); their pids."""
+    ranks = trainer_processes(pod_pid)
+    for pid in ranks:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+    return ranks

@@ -141,6 +141,7 @@ def test_hang_is_detected_and_restarted(stack: Stack, reference: dict[str, Any])
             "backoffSeconds": 0,
             "maxRestarts": 3,
             "progressTimeoutSeconds": HANG_TIMEOUT,
+            "restartInPlace": False,  # freeze() stops whole pods, supervisors too: the recreate path
         },
         "training": TRAINING,
     }

@@ -1,0 +1,106 @@
+"""End to end: a trainer crash and a trainer hang are restarted in place.
+
+The real operator and trainer (gloo on CPU); the pod process harness runs the
+pods' commands as local processes (it stands in for a kubelet's process
+execution and writes the pods' downwardAPI control files). The fault is a
+signal to one pod's trainer ranks only (`testbed.faults.signal_trainer`): the
+pod and its supervisor stay up, as when a rank segfaults or deadlocks.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import pytest
+
+from testbed import faults
+from testbed.harness_stack import Stack, step_losses
+from testbed.procs import wait_until
+from tests.e2e.jobs import (
+    INTERVAL,
+    JOB_TIMEOUT,
+    STEPS,
+    TRAINING,
+    assert_losses_match,
+    last_step,
+    of_kind,
+    phase_is,
+    spec_3d,
+)
+
+
+def _uids(stack: Stack, job: str) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in stack.pods(job)
+            if not p["metadata"].get("deletionTimestamp")}  # fmt: skip
+
+
+def _pod_pid(stack: Stack, job: str, index: int) -> int:
+    assert stack.harness is not None
+    runs = [r for r in stack.harness.running(stack.namespace, job)
+            if r.name.rsplit("-", 1)[1] == str(index)]  # fmt: skip
+    assert len(runs) == 1, runs
+    return runs[0].process.pid
+
+
+def _recovered(job: dict[str, Any]) -> bool:
+    status = job.get("status") or {}
+    return (status.get("attempt", 0) >= 1 and status.get("phase") == "Running"
+            and (status.get("recovery") or {}).get("timeToFirstStepSeconds") is not None
+            and (status.get("recovery") or {}).get("awaitingAttempt") is None)  # fmt: skip
+
+
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "recreate"])
+def test_killed_trainer_restarts_in_place_with_the_uninterrupted_losses(
+    stack: Stack, reference: dict[str, Any], in_place: bool
+) -> None:
+    name = "crash"
+    stack.apply_job(name, spec_3d(restartInPlace=in_place))
+    wait_until(
+        lambda: bool(of_kind(stack.events(name), "checkpoint_committed"))
+        and last_step(stack.events(name)) >= INTERVAL + 1,
+        timeout=JOB_TIMEOUT, what="a committed checkpoint and a step more",
+    )  # fmt: skip
+    before = _uids(stack, name)
+    victim = next(n for n in before if n.endswith("-1"))
+    assert faults.signal_trainer(_pod_pid(stack, name, 1), signal.SIGKILL), "no trainer ranks found"
+
+    job = stack.wait_job(name, _recovered, timeout=JOB_TIMEOUT, what="the first step after the crash")
+    status = job["status"]
+    assert status["lastFailure"]["reason"] == "PodFailed" and status["lastFailure"]["pod"] == victim
+    after = _uids(stack, name)
+    if in_place:
+        assert status["recovery"]["mode"] == "inPlace"
+        kept = {n: u for n, u in before.items() if n != victim}
+        assert {n: after.get(n) for n in kept} == kept, "a healthy pod was deleted"
+    print(f"\ntime to first step ({'in place' if in_place else 'recreate'}): "
+          f"{status['recovery']['timeToFirstStepSeconds']} s, phases {status['recovery'].get('phases')}")
+
+    stack.wait_job(name, phase_is("Succeeded"), timeout=JOB_TIMEOUT, what="Succeeded after the crash")
+    events = stack.events(name)
+    assert sorted(step_losses(events)) == list(range(1, STEPS + 1))
+    assert_losses_match(events, reference["losses"])
+
+
+def test_a_hung_trainer_is_restarted_in_place(stack: Stack, reference: dict[str, Any]) -> None:
+    name = "hang"
+    spec = {
+        "parallelism": {"tensor": 1, "pipeline": 1, "data": 2},
+        "worker": {"gpusPerPod": 1, "gpuTypes": ["H100-80GB"]},
+        "checkpoint": {"intervalSteps": INTERVAL, "keep": 2},
+        "failurePolicy": {"backoffSeconds": 0, "maxRestarts": 3, "progressTimeoutSeconds": 60},
+        "training": TRAINING,
+    }
+    stack.apply_job(name, spec)
+    wait_until(lambda: bool(of_kind(stack.events(name), "checkpoint_committed")),
+               timeout=JOB_TIMEOUT, what="a committed checkpoint")  # fmt: skip
+    before = _uids(stack, name)
+    assert faults.signal_trainer(_pod_pid(stack, name, 1), signal.SIGSTOP), "no trainer ranks found"
+    stalled = stack.wait_job(
+        name, lambda j: (j["status"].get("lastFailure") or {}).get("reason") == "ProgressStalled",
+        timeout=JOB_TIMEOUT, what="the hang detected",
+    )  # fmt: skip
+    assert (stalled["status"].get("recovery") or {}).get("mode") == "inPlace"
+    assert _uids(stack, name) == before, "no pod is deleted or created for a hang"
+    stack.wait_job(name, phase_is("Succeeded"), timeout=JOB_TIMEOUT, what="Succeeded after the hang")
+    assert_losses_match(stack.events(name), reference["losses"])
