@@ -114,12 +114,22 @@ def node_unreachable(kubeconfig: Path | str, name: str) -> None:
     _patch_lease(kubeconfig, name, datetime.now(UTC), duration_seconds=7 * 24 * 3600)
 
 
+def node_reachable(kubeconfig: Path | str, name: str, lease_seconds: int) -> None:
+    """Undo `node_unreachable` before the grace period ends (a flap): the lease renewed now and
+    held by nobody, so the controller manager sees a live node and KWOK takes the lease on its
+    next try. The change of holder is what makes KWOK manage the node again and re-list its
+    pods, as a kubelet resyncs after a partition; handing the lease straight back to KWOK's own
+    identity left pods deleted or created meanwhile unhandled for minutes."""
+    _patch_lease(kubeconfig, name, datetime.now(UTC), duration_seconds=lease_seconds, holder=None)
+
+
 def _patch_lease(
-    kubeconfig: Path | str, name: str, renew_time: datetime, duration_seconds: int
+    kubeconfig: Path | str, name: str, renew_time: datetime, duration_seconds: int,
+    holder: str | None = SILENT_HOLDER,
 ) -> None:
     patch = {
         "spec": {
-            "holderIdentity": SILENT_HOLDER,
+            "holderIdentity": holder,
             "renewTime": renew_time.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
             "leaseDurationSeconds": duration_seconds,
         }

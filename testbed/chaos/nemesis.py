@@ -27,10 +27,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
-
-from kubernetes import client
 
 from testbed import faults
 from testbed.chaos.catalogue import CALM, GLOBAL, Fault, choose
@@ -183,18 +180,13 @@ class Nemesis:
         node = self._pick_node(fault)
         if node is None:
             return self._skip(fault, "no node to spare")
-        leases = client.CoordinationV1Api(self.rig.core.api_client)
         try:
-            holder = leases.read_namespaced_lease(node, faults.NODE_LEASE_NAMESPACE).spec.holder_identity
             self._record(fault, self._jobs_on(node), node=node)
             faults.node_unreachable(self.rig.kubeconfig, node)
             self._stop.wait(fault.duration)
-            # Back before the grace period ends: KWOK's own holder, renewed now. (faults.node_ready
-            # expires the lease instead, which the controller manager reads as a dead node.)
-            renewed = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-            leases.patch_namespaced_lease(node, faults.NODE_LEASE_NAMESPACE, {"spec": {
-                "holderIdentity": holder, "renewTime": renewed,
-                "leaseDurationSeconds": self.rig.bed.settings().node_lease_seconds}})  # fmt: skip
+            # Back before the grace period ends (faults.node_ready expires the lease instead,
+            # which the controller manager reads as a dead node).
+            faults.node_reachable(self.rig.kubeconfig, node, self.rig.bed.settings().node_lease_seconds)
             self._heal(fault)
         finally:
             self._release(node)

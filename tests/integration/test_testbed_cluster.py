@@ -198,6 +198,29 @@ def test_node_without_heartbeats_becomes_unreachable(kube: Kube, spare_node: str
     )
 
 
+@pytest.mark.slow
+def test_a_flapping_nodes_pod_deleted_meanwhile_is_gone_once_the_node_is_back(
+    kube: Kube, namespace: str, spare_node: str
+) -> None:
+    # The chaos soak's node flap: a pod deleted while its node is silent must still go once the
+    # node reports again (a kubelet resyncs), or a deleted job's pod is stuck Terminating.
+    bed = kube.require_testbed("KWOK-managed leases")
+    kube.core.create_namespaced_pod(
+        namespace, gpu_pod("flapped", 1, {"kubernetes.io/hostname": spare_node}))
+    eventually(lambda: read_pod(kube, namespace, "flapped").status.phase == "Running", "Running")
+    faults.node_unreachable(bed.kubeconfig, spare_node)
+    time.sleep(2.0)  # KWOK notices it no longer holds the lease
+    kube.core.delete_namespaced_pod("flapped", namespace)
+    faults.node_reachable(bed.kubeconfig, spare_node, bed.settings().node_lease_seconds)
+
+    eventually(lambda: not kube.core.list_namespaced_pod(
+        namespace, field_selector="metadata.name=flapped").items, "the deleted pod is gone", 60)
+    kube.core.create_namespaced_pod(
+        namespace, gpu_pod("after", 1, {"kubernetes.io/hostname": spare_node}))
+    eventually(lambda: read_pod(kube, namespace, "after").status.phase == "Running",
+               "a new pod on the node runs", 60)
+
+
 def test_deleting_owner_deletes_dependents(kube: Kube, namespace: str) -> None:
     owner = kube.core.create_namespaced_config_map(namespace, {"metadata": {"name": "owner"}})
     ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.metadata.uid}
