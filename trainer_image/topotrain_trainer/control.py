@@ -28,12 +28,14 @@ import torch
 import torch.distributed as dist
 from topotrain.contract import CHECKPOINT_REQUEST, control_path, read_control
 
-# Stopped on its own SIGTERM after the checkpoint of the current step committed: a planned
-# stop, nothing lost; a restart resumes from that step. Not 0, which would read as "done".
-EXIT_STOPPED = 76
-# A rank stopped because a rank in another pod got SIGTERM: this pod is healthy (the
-# supervisor keeps it for the next attempt). Equal to topotrain_trainer.config's EXIT_PEER_LOST.
-EXIT_PEER_STOPPED = 75
+from topotrain_trainer.config import EXIT_PEER_LOST
+
+# EX_TEMPFAIL: stopped on its own SIGTERM after the checkpoint of the current step committed,
+# a planned stop with nothing lost; a restart resumes from that step. Not 0 ("done").
+EXIT_STOPPED = 75
+# A rank stopped because a rank in another pod got SIGTERM: this pod is healthy, so the
+# supervisor keeps it up for the operator's next attempt, as after a lost peer.
+EXIT_PEER_STOPPED = EXIT_PEER_LOST
 EXIT_SIGTERM = 128 + signal.SIGTERM  # SIGTERM, but the stop checkpoint did not commit
 
 
