@@ -50,6 +50,10 @@ RESUME_STEP_ANNOTATION = "topotrain.io/resume-step"  # "" = start fresh
 MASTER_ADDR_ANNOTATION = "topotrain.io/master-addr"  # rank 0's address for that attempt
 MASTER_PORT_ANNOTATION = "topotrain.io/master-port"  # optional: rank 0's port for that attempt
 
+# A trainer pod's exit code after SIGTERM once the checkpoint of its current step committed
+# (EX_TEMPFAIL): a planned stop with nothing lost, never the application's failure.
+EXIT_STOPPED = 75
+
 DEFAULT_MASTER_PORT = 29500
 RANK_ORDERS = ("tp-pp-dp", "tp-dp-pp")
 # Environment keys the operator owns; a user's spec.worker.env cannot override them.

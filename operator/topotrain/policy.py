@@ -9,6 +9,7 @@ Failures, in the order they are reported when several happen at once:
 | a container exited with a code in `nonRetryableExitCodes` (default 78, EX_CONFIG) | NonRetryableExitCode | no |
 | a pod Failed (any other exit code, OOMKilled, ...) | PodFailed | yes |
 | a pod was evicted (status.reason Evicted) | PodEvicted | yes |
+| a pod exited EXIT_STOPPED (75: SIGTERM, after committing a checkpoint of its current step) | PodDeleted | yes |
 | a pod was deleted, or is being deleted, by someone else | PodDeleted | yes |
 | a pod's node was deleted | NodeLost | yes |
 | a pod's node is NotReady | NodeNotReady | yes |
@@ -38,6 +39,7 @@ from datetime import datetime
 from typing import Literal
 
 from topotrain.api import FailurePolicy
+from topotrain.contract import EXIT_STOPPED
 from topotrain.status import NodeFailures, Reason, RestartBudgets
 
 APPLICATION, INFRASTRUCTURE = "application", "infrastructure"
@@ -137,6 +139,12 @@ def _pod_failure(pod: PodView, non_retryable: Iterable[int]) -> Failure | None:
             return Failure(
                 Reason.POD_EVICTED, f"pod {pod.name} was evicted: {pod.message or 'no message'}",
                 pod=pod.name, node=where, blamed=frozenset({where} if where else ()),
+            )
+        if pod.exit_code == EXIT_STOPPED:  # a planned stop: infrastructure, never the application's
+            return Failure(
+                Reason.POD_DELETED, f"pod {pod.name} was stopped by SIGTERM after committing a "
+                f"checkpoint of its current step (exit code {EXIT_STOPPED})",
+                pod=pod.name, node=where, exit_code=pod.exit_code,
             )
         code = "" if pod.exit_code is None else f" with exit code {pod.exit_code}"
         why = f" ({pod.reason})" if pod.reason else ""

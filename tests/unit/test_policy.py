@@ -37,6 +37,8 @@ def pod(i: int = 0, **kw: object) -> PodView:
         ([pod(0, phase="Failed", exit_code=1), pod(1, phase="Failed", exit_code=78)], 2,
          Reason.NON_RETRYABLE, False),
         ([pod(0, phase="Failed", reason="Evicted")], 1, Reason.POD_EVICTED, True),
+        # a planned stop (SIGTERM, checkpoint committed): infrastructure, never PodFailed
+        ([pod(0, phase="Failed", exit_code=75)], 1, Reason.POD_DELETED, True),
         ([pod(0, terminating=True)], 1, Reason.POD_DELETED, True),
         ([pod(0)], 2, Reason.POD_DELETED, True),  # index 1 vanished
         ([pod(0, node="gone", planned_node="gone")], 1, Reason.NODE_LOST, True),

@@ -26,13 +26,12 @@ from types import FrameType
 
 import torch
 import torch.distributed as dist
-from topotrain.contract import CHECKPOINT_REQUEST, control_path, read_control
+from topotrain.contract import CHECKPOINT_REQUEST, EXIT_STOPPED, control_path, read_control
 
 from topotrain_trainer.config import EXIT_PEER_LOST
 
-# EX_TEMPFAIL: stopped on its own SIGTERM after the checkpoint of the current step committed,
-# a planned stop with nothing lost; a restart resumes from that step. Not 0 ("done").
-EXIT_STOPPED = 75
+# EXIT_STOPPED (75, EX_TEMPFAIL, from the contract): stopped on its own SIGTERM after the
+# checkpoint of the current step committed, a planned stop; not 0, which reads as "done".
 # A rank stopped because a rank in another pod got SIGTERM: this pod is healthy, so the
 # supervisor keeps it up for the operator's next attempt, as after a lost peer.
 EXIT_PEER_STOPPED = EXIT_PEER_LOST
