@@ -18,7 +18,12 @@ soak can run many jobs on two cores:
   checkpoint prints exactly the losses of an uninterrupted run, and one
   resumed from anything else does not;
 - SIGUSR1 makes it crash (exit 1), as an exception in a training step would;
-  it exits 0 after the last step.
+  it exits 0 after the last step;
+- like the trainer's pod, it runs under the trainer's own pod supervisor
+  (topotrain_trainer.supervisor, no torch needed): the pod's first process is
+  the supervisor, the stand-in runs as its worker; a worker that lost its
+  peer exits EXIT_PEER_LOST (76), which leaves the pod up for the operator's
+  restart in place, and a new attempt in the control file restarts it.
 
 It runs as a script (`python testbed/standin.py`): the pod process harness
 puts only the product packages on PYTHONPATH, as the trainer image would.
@@ -40,6 +45,7 @@ RENDEZVOUS_SECONDS = 120.0
 COLLECTIVE_SECONDS = 600.0  # a frozen peer stalls the gang this long, as an NCCL timeout would
 CHECKPOINT_GIVE_UP_SECONDS = 180.0
 STATE_SHARD = "state.json"
+EXIT_PEER_LOST = 76  # the trainer's code for "a collective lost a peer in another pod"
 
 
 def next_state(seed: int, state: int, step: int) -> int:
@@ -90,7 +96,7 @@ def run_peer(addr: str, port: int, rank: int) -> int:
         except OSError:
             if time.monotonic() > deadline:
                 emit(event="exit", reason="rendezvous timed out", rank=rank)
-                return 1
+                return EXIT_PEER_LOST
             time.sleep(0.5)
     conn.settimeout(None)
     for line in _lines(conn):
@@ -98,7 +104,7 @@ def run_peer(addr: str, port: int, rank: int) -> int:
             return 0
         conn.sendall(f"ok {line}\n".encode())
     emit(event="exit", reason="lost node rank 0", rank=rank)
-    return 1
+    return EXIT_PEER_LOST
 
 
 def _rendezvous(port: int, peers: int) -> list[socket.socket]:
@@ -164,12 +170,12 @@ def run_rank0(env: Any, config: dict[str, Any]) -> int:
         conns = _rendezvous(env.master_port, env.nnodes - 1)
     except OSError as err:
         emit(event="exit", reason=f"rendezvous failed: {err}")
-        return 1
+        return EXIT_PEER_LOST
     for step in range(start, steps + 1):
         time.sleep(pace)
         if not _collective(conns, step):
             emit(event="exit", reason="lost a peer", step=step)
-            return 1
+            return EXIT_PEER_LOST
         state = next_state(seed, state, step)
         emit(event="step", step=step, loss=loss_of(state), attempt=env.attempt)
         try:
@@ -191,10 +197,17 @@ def run_rank0(env: Any, config: dict[str, Any]) -> int:
 
 
 def main() -> int:
-    from topotrain.contract import TrainerEnv
+    from topotrain.contract import TrainerEnv, control_path
 
-    signal.signal(signal.SIGUSR1, _crash)
     env = TrainerEnv.from_env()
+    if "LOCAL_RANK" not in os.environ:  # the pod's first process: the trainer's supervisor
+        from topotrain_trainer.supervisor import Supervisor, peer_wait_seconds
+
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a crash is the worker's, not the pod's
+        worker = [sys.executable, os.path.abspath(__file__)]
+        return Supervisor(env, control_path(), worker_argv=worker,
+                          peer_wait=peer_wait_seconds(os.environ)).run()  # fmt: skip
+    signal.signal(signal.SIGUSR1, _crash)
     config = json.loads(os.environ.get("TOPOTRAIN_TRAINING_CONFIG", "{}") or "{}")
     if env.node_rank:
         return run_peer(env.master_addr, env.master_port, env.node_rank)

@@ -65,7 +65,6 @@ class Reason:
     SPEC_CHANGED = "SpecChanged"
     MAX_INFRA_RESTARTS = "MaxInfrastructureRestartsExceeded"
     NODE_AVOIDED = "NodeAvoided"
-    NODES_FORGIVEN = "NodesForgiven"
     FOREIGN_OBJECT = "ForeignObject"  # a child's name is taken by an object this job does not own
     FOREIGN_CHECKPOINTS = "ForeignCheckpoints"  # the checkpoint prefix holds another run's steps
     RESUMED_FOREIGN = "ResumedForeignCheckpoints"  # resumePolicy Always took another run's steps

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from topotrain.contract import ATTEMPT_ANNOTATION, RESUME_STEP_ANNOTATION
+
 from testbed.harness import ATTEMPT_LABEL, INDEX_LABEL, JOB_LABEL
 
 GROUP, VERSION, PLURAL = "topotrain.io", "v1alpha1", "trainingjobs"
@@ -58,8 +60,16 @@ def pod_record(pod: dict[str, Any]) -> dict[str, Any]:
         "index": _int(labels.get(INDEX_LABEL)), "phase": status.get("phase"),
         "node": spec.get("nodeName"), "deleting": bool(meta.get("deletionTimestamp")),
         "created": meta.get("creationTimestamp"), "gpus": gpus,
-        "resume": env.get("TOPOTRAIN_RESUME_STEP"),
+        "resume": _resume(meta.get("annotations") or {}, env),
     }  # fmt: skip
+
+
+def _resume(annotations: dict[str, str], env: dict[str, Any]) -> Any:
+    """The step the pod's current attempt resumes from: a pod restarted in place is told by its
+    control annotations (the downwardAPI file its supervisor reads), a new pod by its env."""
+    if annotations.get(ATTEMPT_ANNOTATION, "") != "":
+        return annotations.get(RESUME_STEP_ANNOTATION) or None
+    return env.get("TOPOTRAIN_RESUME_STEP")
 
 
 def _int(text: str | None) -> int | None:

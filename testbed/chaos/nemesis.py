@@ -143,7 +143,9 @@ class Nemesis:
             self.hurt_nodes.difference_update(nodes)
 
     def _crash(self, run: Any) -> None:
-        signal_group(run.pgid, signal.SIGUSR1)
+        """The trainer process fails, not the pod: its workers, children of the supervisor."""
+        if not faults.signal_trainer(run.process.pid, signal.SIGUSR1):
+            signal_group(run.pgid, signal.SIGUSR1)
 
     # --- the classes ------------------------------------------------------------
 
@@ -255,7 +257,9 @@ class Nemesis:
         run = runs[chosen]
         self._record(fault, [run.job], pod=run.name)
         run.frozen = True  # the harness then SIGCONTs it when it terminates the pod
-        signal_group(run.pgid, signal.SIGSTOP)
+        # The trainer's ranks hang; the pod's supervisor stays up (it can restart them in place).
+        if not faults.signal_trainer(run.process.pid, signal.SIGSTOP):
+            signal_group(run.pgid, signal.SIGSTOP)
 
     def _s3_down(self, fault: Fault) -> None:
         self._record(fault, self.rig.job_names())

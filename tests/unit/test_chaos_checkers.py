@@ -87,11 +87,24 @@ def test_resume_from_an_older_or_uncommitted_step_is_a_violation(resume: str | N
     assert not verdict.ok and words in verdict.details[0]
 
 
+@pytest.mark.parametrize(("resume", "ok"), [("20", True), ("10", False)])
+def test_a_pod_restarted_in_place_is_judged_from_when_it_moved_to_the_attempt(
+    resume: str, ok: bool
+) -> None:
+    # Created at T0 + 1 (before any commit), moved to attempt 1 at T0 + 60 (step 20 committed).
+    moved = {**pod("a", 1, 0, resume=resume, created=T0 + 1), "uid": "a-0-0"}
+    history = [*restart_history("20")[:4], api(T0 + 60, [moved])]
+    assert checkers.check_resume(timeline(history)).ok is ok
+
+
 def test_two_attempts_running_together_or_a_duplicate_index_is_a_violation() -> None:
     clean = [api(T0, [pod("a", 0, 0, "Failed"), pod("a", 1, 0)])]
     assert checkers.check_exclusive(timeline(clean)).ok  # the crashed pod kept for its logs
-    both = [api(T0, [pod("a", 0, 0), pod("a", 1, 0)])]
+    both = [api(T0, [pod("a", 0, 0), pod("a", 1, 0)]), api(T0 + 1, [pod("a", 0, 0), pod("a", 1, 0)])]
     assert "Running together" in checkers.check_exclusive(timeline(both)).details[0]
+    # A restart in place caught half done in one snapshot (kept pods relabelled one by one).
+    moving = [api(T0, [pod("a", 0, 0), pod("a", 1, 1)]), api(T0 + 1, [pod("a", 1, 0), pod("a", 1, 1)])]
+    assert checkers.check_exclusive(timeline(moving)).ok
     twice = [api(T0, [pod("a", 1, 0), pod("a", 1, 0, uid="other")])]
     assert "2 live pods" in checkers.check_exclusive(timeline(twice)).details[0]
 
