@@ -93,7 +93,8 @@ def run_soak(config: SoakConfig, workdir: Path, log: Any = print) -> SoakResult:
         assert rig.stack.harness is not None
         for job in sorted(rig.workload.plans):
             events = list(json_lines(rig.stack.harness.job_logs(rig.namespace, job)))
-            rig.history.add("trainer-events", job=job, events=[e for e in events if "event" in e])
+            rig.history.add("trainer-events", job=job,
+                            events=[e for e in events if "event" in e and "time" in e])  # fmt: skip
         records = list(rig.history.records)
         namespace, setup = rig.namespace, rig.setup_seconds
     logging.getLogger().removeHandler(handler)

@@ -65,7 +65,9 @@ class Timeline:
         events: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for r in records:
             if r["type"] == "trainer-events":
-                events[r["job"]] = sorted(r["events"], key=lambda e: e["time"])
+                # The trainer's own events carry a time; the pod supervisor's lines do not.
+                events[r["job"]] = sorted((e for e in r["events"] if "time" in e),
+                                          key=lambda e: float(e["time"]))  # fmt: skip
         return cls(
             namespace,
             [r for r in records if r["type"] == "api"],

@@ -232,3 +232,10 @@ def test_restarts_need_a_fault_that_touched_the_job_or_a_resize() -> None:
     verdict = checkers.check_restarts_explained(timeline(records))
     assert not verdict.ok and len(verdict.details) == 3  # one crash explains three restarts, not six
     assert "attempt 4 at" in verdict.details[0] and "no fault explains it" in verdict.details[0]
+
+
+def test_pod_supervisor_lines_without_a_time_are_not_trainer_events() -> None:
+    events = [{"event": "workers_started", "attempt": 0, "source": "supervisor"},
+              *steps_events(5, 1, 3, 0, T0)]  # fmt: skip
+    t = timeline([created("a"), {"t": T0, "type": "trainer-events", "job": "a", "events": events}])
+    assert [e["step"] for e in t.steps("a")] == [1, 2, 3]
