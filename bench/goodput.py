@@ -40,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from goodput_run import MODES, Failure, Mode, ModeResult, Runner
+from goodput_run import MODES, Failure, ModeResult, Runner
 
 from testbed.harness_stack import S3Target, stack_in_new_namespace
 from testbed.kube import Kube, api_client
@@ -49,8 +49,10 @@ from testbed.nodes import add_node, delete_node, wait_nodes_ready
 PHASES = ("detection", "re-plan", "pod start", "process start", "checkpoint load")
 
 
-def _cluster(stack: ExitStack) -> tuple[Path, S3Target]:
-    bucket = f"goodput-{uuid.uuid4().hex[:8]}"
+def cluster(stack: ExitStack, prefix: str = "goodput") -> tuple[Path, S3Target]:
+    """The cluster KUBECONFIG names (with the TOPOTRAIN_E2E_S3_* store) or the testbed, and a
+    fresh bucket; `stack` undoes what was started."""
+    bucket = f"{prefix}-{uuid.uuid4().hex[:8]}"
     if os.environ.get("KUBECONFIG"):
         target = S3Target(
             os.environ["TOPOTRAIN_E2E_S3_ENDPOINT"], os.environ["TOPOTRAIN_E2E_S3_ACCESS_KEY"],
@@ -67,19 +69,21 @@ def _cluster(stack: ExitStack) -> tuple[Path, S3Target]:
     )
 
 
-def _pool(kubeconfig: Path, mode: Mode, stack: ExitStack) -> str:
-    """Three 1-GPU nodes in one rack, a pool of the mode's own: two for the gang, one spare."""
-    product = f"BENCH-{mode.key.upper()}-{uuid.uuid4().hex[:4]}"
+def node_pool(kubeconfig: Path, key: str, stack: ExitStack, nodes: int = 3, gpus: int = 1) -> str:
+    """`nodes` nodes of `gpus` GPUs in one rack, of a product of their own (returned), so that
+    only this pool's job lands there; deleted when `stack` closes. Goodput: three 1-GPU nodes,
+    two for the gang and one spare."""
+    product = f"BENCH-{key.upper()}-{uuid.uuid4().hex[:4]}"
     names = []
-    for i in range(3):
-        name = f"goodput-{mode.key}-{product[-4:].lower()}-{i}"
+    for i in range(nodes):
+        name = f"{key}-{product[-4:].lower()}-{i}"
         add_node(
             kubeconfig,
             name,
             product=product,
-            gpus=1,
+            gpus=gpus,
             block=f"{name}-b",
-            rack=f"goodput-{product}-r",
+            rack=f"{key}-{product}-r",
         )
         stack.callback(delete_node, kubeconfig, name)
         names.append(name)
@@ -89,13 +93,13 @@ def _pool(kubeconfig: Path, mode: Mode, stack: ExitStack) -> str:
 
 def run(steps: int, fail_every: int, interval: int, timeout: float) -> list[ModeResult]:
     with ExitStack() as stack:
-        kubeconfig, s3 = _cluster(stack)
+        kubeconfig, s3 = cluster(stack)
         api = stack.enter_context(api_client(kubeconfig))
         kube = Kube(kubeconfig, api, testbed=None)
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="goodput-")))
         runners = []
         for mode in MODES:
-            product = _pool(kubeconfig, mode, stack)
+            product = node_pool(kubeconfig, f"goodput-{mode.key}", stack)
             job_stack = stack.enter_context(
                 stack_in_new_namespace(
                     kube, s3, workdir, f"goodput-{mode.key}", recovery=mode.recovery

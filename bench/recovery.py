@@ -19,6 +19,12 @@ Two strategies, measured in the same run on the same cluster and job:
 
 Uses $KUBECONFIG when set (a testbed already up), otherwise starts the
 testbed. Pods run no processes (KWOK): this measures the control plane path.
+
+With --first-step, instead: time to the first training step after a trainer
+crash, a pod deletion, a node loss and a hang, restart in place against a
+recreate, with the real trainer (bench/recovery_first_step.py):
+
+    python bench/recovery.py --first-step [--repeats 2]
 """
 
 from __future__ import annotations
@@ -203,7 +209,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="64,512", help="comma list of node counts (64, 512)")
     parser.add_argument("--failures", type=int, default=20, help="failures per size and strategy")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--first-step", action="store_true",
+                        help="time to first step per failure class, in place vs recreate, real trainer")
+    parser.add_argument("--repeats", type=int, default=2, help="--first-step: faults per class and mode")
     args = parser.parse_args(argv)
+    if args.first_step:
+        sys.path.insert(0, str(REPO / "bench"))
+        import recovery_first_step
+
+        recovery_first_step.print_table(recovery_first_step.run(args.repeats))
+        return 0
     sizes = [int(s) for s in args.sizes.split(",")]
     unknown = [s for s in sizes if s not in SHAPES]
     if unknown:

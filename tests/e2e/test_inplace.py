@@ -17,6 +17,7 @@ import pytest
 from testbed import faults
 from testbed.harness_stack import Stack, step_losses
 from testbed.procs import wait_until
+from testbed.restart_probes import first_step_after, live_uids, pod_pid
 from tests.e2e.jobs import (
     INTERVAL,
     JOB_TIMEOUT,
@@ -30,26 +31,6 @@ from tests.e2e.jobs import (
 )
 
 
-def _uids(stack: Stack, job: str) -> dict[str, str]:
-    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in stack.pods(job)
-            if not p["metadata"].get("deletionTimestamp")}  # fmt: skip
-
-
-def _pod_pid(stack: Stack, job: str, index: int) -> int:
-    assert stack.harness is not None
-    runs = [r for r in stack.harness.running(stack.namespace, job)
-            if r.name.rsplit("-", 1)[1] == str(index)]  # fmt: skip
-    assert len(runs) == 1, runs
-    return runs[0].process.pid
-
-
-def _recovered(job: dict[str, Any]) -> bool:
-    status = job.get("status") or {}
-    return (status.get("attempt", 0) >= 1 and status.get("phase") == "Running"
-            and (status.get("recovery") or {}).get("timeToFirstStepSeconds") is not None
-            and (status.get("recovery") or {}).get("awaitingAttempt") is None)  # fmt: skip
-
-
 @pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "recreate"])
 def test_killed_trainer_restarts_in_place_with_the_uninterrupted_losses(
     stack: Stack, reference: dict[str, Any], in_place: bool
@@ -61,14 +42,14 @@ def test_killed_trainer_restarts_in_place_with_the_uninterrupted_losses(
         and last_step(stack.events(name)) >= INTERVAL + 1,
         timeout=JOB_TIMEOUT, what="a committed checkpoint and a step more",
     )  # fmt: skip
-    before = _uids(stack, name)
+    before = live_uids(stack, name)
     victim = next(n for n in before if n.endswith("-1"))
-    assert faults.signal_trainer(_pod_pid(stack, name, 1), signal.SIGKILL), "no trainer ranks found"
+    assert faults.signal_trainer(pod_pid(stack, name, 1), signal.SIGKILL), "no trainer ranks found"
 
-    job = stack.wait_job(name, _recovered, timeout=JOB_TIMEOUT, what="the first step after the crash")
+    job = stack.wait_job(name, first_step_after, timeout=JOB_TIMEOUT, what="the first step after the crash")
     status = job["status"]
     assert status["lastFailure"]["reason"] == "PodFailed" and status["lastFailure"]["pod"] == victim
-    after = _uids(stack, name)
+    after = live_uids(stack, name)
     if in_place:
         assert status["recovery"]["mode"] == "inPlace"
         kept = {n: u for n, u in before.items() if n != victim}
@@ -96,13 +77,13 @@ def test_a_hung_trainer_is_restarted_in_place(stack: Stack) -> None:
     stack.apply_job(name, spec)
     wait_until(lambda: last_step(stack.events(name)) >= 2, timeout=JOB_TIMEOUT,
                what="training under way")  # fmt: skip
-    before = _uids(stack, name)
-    assert faults.signal_trainer(_pod_pid(stack, name, 1), signal.SIGSTOP), "no trainer ranks found"
+    before = live_uids(stack, name)
+    assert faults.signal_trainer(pod_pid(stack, name, 1), signal.SIGSTOP), "no trainer ranks found"
     stalled = stack.wait_job(
         name, lambda j: (j["status"].get("lastFailure") or {}).get("reason") == "ProgressStalled",
         timeout=JOB_TIMEOUT, what="the hang detected",
     )  # fmt: skip
     assert (stalled["status"].get("recovery") or {}).get("mode") == "inPlace"
-    assert _uids(stack, name) == before, "no pod is deleted or created for a hang"
+    assert live_uids(stack, name) == before, "no pod is deleted or created for a hang"
     stack.wait_job(name, phase_is("Succeeded"), timeout=JOB_TIMEOUT, what="Succeeded after the hang")
     assert sorted(step_losses(stack.events(name))) == list(range(1, 61))
