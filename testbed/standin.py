@@ -99,10 +99,14 @@ def run_peer(addr: str, port: int, rank: int) -> int:
                 return EXIT_PEER_LOST
             time.sleep(0.5)
     conn.settimeout(None)
-    for line in _lines(conn):
-        if line == "done":
-            return 0
-        conn.sendall(f"ok {line}\n".encode())
+    try:
+        for line in _lines(conn):
+            if line == "done":
+                return 0
+            conn.sendall(f"ok {line}\n".encode())
+    except OSError as err:  # a reset connection is rank 0 gone too, as gloo reports a peer lost
+        emit(event="exit", reason=f"lost node rank 0: {err}", rank=rank)
+        return EXIT_PEER_LOST
     emit(event="exit", reason="lost node rank 0", rank=rank)
     return EXIT_PEER_LOST
 

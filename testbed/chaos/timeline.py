@@ -85,12 +85,15 @@ class Timeline:
 
     def attempts(self) -> dict[tuple[str, int], Attempt]:
         found: dict[tuple[str, int], Attempt] = {}
+        first_attempt: dict[str, int] = {}  # uid -> the attempt the pod was created for
         for record in self.api:
             for pod in self.job_pods(record):
                 if pod["attempt"] is None:
                     continue
                 key = (pod["job"], pod["attempt"])
                 created = timestamp(pod["created"]) or record["t"]
+                if first_attempt.setdefault(pod["uid"], pod["attempt"]) != pod["attempt"]:
+                    created = record["t"]  # restarted in place: it joined this attempt by now
                 attempt = found.setdefault(key, Attempt(pod["job"], pod["attempt"], created))
                 if pod["uid"] not in attempt.pods:
                     attempt.pods.add(pod["uid"])
