@@ -234,6 +234,15 @@ def test_restarts_need_a_fault_that_touched_the_job_or_a_resize() -> None:
     assert "attempt 4 at" in verdict.details[0] and "no fault explains it" in verdict.details[0]
 
 
+def test_a_restart_in_place_is_dated_when_the_kept_pods_join_the_attempt() -> None:
+    # Pods created for attempt 0 at T0, moved to attempt 1 at T0 + 30 after a crash at T0 + 28:
+    # their creation time is not when attempt 1 began.
+    crash = {"t": T0 + 28, "type": "fault", "index": 0, "kind": "trainer-crash", "jobs": ["a"], "duration": 0}
+    before = api(T0 + 1, [pod("a", 0, 0), pod("a", 0, 1)])
+    moved = api(T0 + 30, [{**pod("a", 1, 0), "uid": "a-0-0"}, pod("a", 1, 1, created=T0 + 29)])
+    assert checkers.check_restarts_explained(timeline([created("a"), before, crash, moved])).ok
+
+
 def test_pod_supervisor_lines_without_a_time_are_not_trainer_events() -> None:
     events = [{"event": "workers_started", "attempt": 0, "source": "supervisor"},
               *steps_events(5, 1, 3, 0, T0)]  # fmt: skip
