@@ -178,6 +178,13 @@ class Stack:
         }
         values_file = self.workdir / "values.yaml"
         values_file.write_text(yaml.safe_dump(values))
+        # helm installs a chart's crds/ only when the CRD is absent and never upgrades it: a
+        # testbed whose etcd outlived a schema change would prune the new spec fields (say
+        # failurePolicy.restartInPlace) from every job. Apply this checkout's CRD first.
+        self.kubectl(
+            "apply", "--server-side", "--force-conflicts", "--validate=false",
+            "-f", str(CHART / "crds" / "topotrain.io_trainingjobs.yaml"),
+        )  # fmt: skip
         self.helm(
             "install",
             self.release,

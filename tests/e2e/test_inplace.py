@@ -54,6 +54,9 @@ def test_killed_trainer_restarts_in_place_with_the_uninterrupted_losses(
         assert status["recovery"]["mode"] == "inPlace"
         kept = {n: u for n, u in before.items() if n != victim}
         assert {n: after.get(n) for n in kept} == kept, "a healthy pod was deleted"
+    else:  # (a CRD without restartInPlace would prune it and restart in place all the same)
+        assert status["recovery"].get("mode") != "inPlace"
+        assert not set(before.values()) & set(after.values()) - {before[victim]}, "a pod was kept"
     print(f"\ntime to first step ({'in place' if in_place else 'recreate'}): "
           f"{status['recovery']['timeToFirstStepSeconds']} s, phases {status['recovery'].get('phases')}")
 
