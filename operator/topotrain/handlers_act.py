@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from topotrain.api import TrainingJobSpec
+from topotrain.contract import CHECKPOINT_REQUEST
 from topotrain.kube import Kube
 from topotrain.manifests import (
     JobMeta,
@@ -61,6 +62,11 @@ class Actuator:
             move = decision.relabel
             self.kube.patch_pods(namespace, list(move.pods), restart_in_place_patch(
                 move.attempt, move.resume_step, move.master_addr))
+        if decision.checkpoint_request is not None:
+            # The trainer reads its pod's annotations through the control volume.
+            ask = decision.checkpoint_request
+            self.kube.patch_pods(namespace, list(ask.pods),
+                                 {"metadata": {"annotations": {CHECKPOINT_REQUEST: ask.value}}})
         if decision.launch is not None:
             meta = body.get("metadata", {})
             job = JobMeta(name=key[1], namespace=namespace, uid=str(meta.get("uid", "")))

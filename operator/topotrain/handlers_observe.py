@@ -28,6 +28,7 @@ from topotrain.ownership import (
     controller_owner,
     owned_by,
 )
+from topotrain.planned import pending
 from topotrain.reconcile import RankTable
 from topotrain.reconcile_status import CheckpointView
 from topotrain.settings import Settings
@@ -60,7 +61,8 @@ class Observer:
         """(config problem, what the store holds); None view: the job has no checkpoint."""
         if spec.checkpoint is None:
             return None, None
-        quiet = status.phase == "Running"
+        # A planned change waiting for its checkpoint reads the store every pass.
+        quiet = status.phase == "Running" and not pending(status.checkpoint_request)
         cached = self._cached
         if cached and not force and quiet and time.monotonic() - cached[0] < self.settings.checkpoint_poll:
             return cached[1], cached[2]
@@ -99,6 +101,7 @@ class Observer:
             progress_time=progress.time if progress else None,
             progress_attempt=progress.attempt if progress else None,
             progress_start=progress.start if progress else None,
+            request=latest.request if latest else "",
         )
 
     def _claim(self, store: CheckpointStore, policy: ResumePolicy, started: bool,

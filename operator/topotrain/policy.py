@@ -79,6 +79,7 @@ class PodView:
     preempted: bool = False  # condition DisruptionTarget with a preemption reason
     resume_step: str | None = None  # annotation topotrain.io/resume-step (None: absent)
     template: str = ""  # annotation topotrain.io/template: the pod template hash it runs
+    checkpoint_request: str = ""  # annotation topotrain.io/checkpoint-request (planned.py)
     owned: bool = True  # its controller owner is this job (False: another object's pod)
 
     @property

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from topotrain import elastic, inplace, policy
+from topotrain import elastic, inplace, planned, policy
 from topotrain.api import TrainingJobSpec
 from topotrain.planning import Planner, PlanOutcome
 from topotrain.reconcile_status import CheckpointView, StatusBuilder, iso
@@ -102,6 +102,7 @@ class Decision:
     restart_reason: str | None = None  # for the restarts metric
     recovered_seconds: float | None = None  # for the recovery histogram
     first_step: tuple[float, str] | None = None  # (time to first step, cause) for its histogram
+    checkpoint_request: planned.CheckpointAsk | None = None  # before a planned change (planned.py)
     placement_cost: float | None = None
 
 
@@ -166,6 +167,7 @@ def reconcile(obs: Observed) -> Decision:
 
 
 def _finish(decision: Decision, sb: StatusBuilder) -> Decision:
+    planned.settle(sb)
     sb.summarize()
     decision.status = sb.status
     decision.events = list(dict.fromkeys([*decision.events, *sb.events]))
@@ -425,12 +427,22 @@ def _maybe_resize(
     obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
     current: list[policy.PodView], data: int,
 ) -> None:
-    """Running: grow back toward spec.parallelism.data, or follow `kubectl scale` down."""
+    """Running: grow back toward spec.parallelism.data, or follow `kubectl scale` down.
+
+    A checkpoint of the running gang comes first (planned.py), so the new degree resumes from
+    the step the change was asked at rather than from the last periodic commit.
+    """
     request = elastic.resize_request(obs.spec.parallelism, data)
     if request is None or obs.config_problem is not None:
+        planned.cancel(sb)
         return
     outcome = obs.planner.plan(request.low, request.high)
     if not outcome.feasible or not request.worth_it(outcome.data):
+        planned.cancel(sb)
+        return
+    wait = planned.checkpoint_first(sb, obs.checkpoint, current, attempt, "resize", obs.now)
+    if not wait.ready:
+        decision.checkpoint_request, decision.requeue_after = wait.ask, wait.requeue_after
         return
     decision.delete += [p.name for p in current if not p.terminating]
     sb.resizing(request, outcome.data, attempt + 1)

@@ -54,6 +54,10 @@ class CheckpointView:
     progress_time: datetime | None = None
     progress_attempt: int | None = None  # the attempt whose trainer wrote the heartbeat
     progress_start: AttemptStart | None = None  # how that attempt started (the bundled trainer)
+    # The checkpoint request the newest commit names (the trainer's last served request when it
+    # saved that step): "" for none, or a trainer that does not serve requests.
+    request: str = ""
+
 
 
 def iso(moment: datetime) -> str:

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from topotrain.contract import CHECKPOINT_REQUEST
 from topotrain.manifests import (
     ATTEMPT_LABEL,
     GANG_GATE,
@@ -73,7 +74,8 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
             "name": meta.get("name"), "namespace": meta.get("namespace"),
             "labels": dict(meta.get("labels") or {}),
             "annotations": {
-                key: annotations[key] for key in (NODE_ANNOTATION, RESUME_ANNOTATION, TEMPLATE_ANNOTATION)
+                key: annotations[key]
+                for key in (NODE_ANNOTATION, RESUME_ANNOTATION, TEMPLATE_ANNOTATION, CHECKPOINT_REQUEST)
                 if key in annotations
             },
             "deletionTimestamp": meta.get("deletionTimestamp"),
@@ -165,6 +167,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         preempted=preempted,
         resume_step=annotations.get(RESUME_ANNOTATION),
         template=str(annotations.get(TEMPLATE_ANNOTATION, "")),
+        checkpoint_request=str(annotations.get(CHECKPOINT_REQUEST, "")),
     )
 
 

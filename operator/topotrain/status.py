@@ -68,6 +68,10 @@ class Reason:
     FOREIGN_OBJECT = "ForeignObject"  # a child's name is taken by an object this job does not own
     FOREIGN_CHECKPOINTS = "ForeignCheckpoints"  # the checkpoint prefix holds another run's steps
     RESUMED_FOREIGN = "ResumedForeignCheckpoints"  # resumePolicy Always took another run's steps
+    CHECKPOINT_REQUESTED = "CheckpointRequested"  # a planned change asked the gang for a checkpoint
+    CHECKPOINT_SERVED = "CheckpointServed"  # ... and the trainer committed it
+    CHECKPOINT_TIMED_OUT = "CheckpointRequestTimedOut"  # ... not in time: the last commit is used
+
 
 
 def now_iso() -> str:
@@ -172,6 +176,29 @@ class ResumedFromStatus(_Model):
     time: str | None = Field(None, description="When this job took them over.")
 
 
+class CheckpointRequestStatus(_Model):
+    """A checkpoint the operator asked the running gang for before a planned change (a resize).
+
+    The value is set as the pods' topotrain.io/checkpoint-request annotation; the trainer saves
+    at its next step boundary and names the value in that step's COMMITTED marker.
+    """
+
+    value: str = Field(..., description="The annotation value asked for (unique per request).")
+    reason: str = Field("resize", description="The planned change it is for.")
+    attempt: int = Field(..., description="The attempt whose pods were asked.")
+    time: str = Field(..., description="When it was asked (the operator's clock).")
+    state: Literal["Pending", "Committed", "TimedOut", "Cancelled"] = Field(
+        "Pending", description="Pending (the gang keeps training while it saves), Committed (the "
+        "change resumed from step), TimedOut (not committed within the bound: the change resumed "
+        "from the last commit, step) or Cancelled (the change was no longer wanted, or a failure "
+        "came first).",
+    )
+    step: int | None = Field(
+        None, description="The step the change resumed from: the requested checkpoint's "
+        "(Committed) or the last commit's (TimedOut).",
+    )
+
+
 class RecoveryPhases(_Model):
     """Where the time to first step of the last recovery went, in seconds."""
 
@@ -261,6 +288,10 @@ class TrainingJobStatus(_Model):
     checkpoint: CheckpointStatus | None = Field(None, description="Latest committed checkpoint.")
     progress: ProgressStatus | None = Field(None, description="Latest trainer heartbeat.")
     recovery: RecoveryStatus | None = Field(None, description="The last recovery.")
+    checkpoint_request: CheckpointRequestStatus | None = Field(
+        None, alias="checkpointRequest",
+        description="The last checkpoint asked of the gang before a planned change.",
+    )
     resumed_from: ResumedFromStatus | None = Field(
         None, alias="resumedFrom",
         description="Set when the job started from checkpoints another TrainingJob wrote.",

@@ -202,8 +202,12 @@ def test_shrunk_job_grows_back_when_capacity_returns() -> None:
     small = FakePlanner(capacity=2)
     d, _ = run(obs, pods=gang(0, n=2), planner=small)
     assert d.launch is None and not d.delete  # no room yet: keep running at data=1
-    d2, _ = run(obs, pods=gang(0, n=2), planner=FakePlanner())
+    d1, obs = run(obs, pods=gang(0, n=2), planner=FakePlanner())
+    assert d1.launch is None and d1.checkpoint_request is not None  # a checkpoint first
+    saved = replace(obs.checkpoint, step=230, request=d1.checkpoint_request.value)
+    d2, _ = run(obs, pods=gang(0, n=2), planner=FakePlanner(), checkpoint=saved)
     assert d2.launch is not None and d2.launch.data == 2 and d2.launch.attempt == 1
+    assert d2.launch.resume_step == 230
     assert sorted(d2.delete) == ["job-0-0", "job-0-1"]
     assert d2.status.restarts == 0  # a resize is not a failure
 
@@ -212,8 +216,11 @@ def test_kubectl_scale_down_restarts_at_the_new_degree() -> None:
     obs = running_job()
     scaled = spec()
     scaled.parallelism.data = 1
-    d, _ = run(obs, pods=gang(0), spec=scaled)
-    assert d.launch is not None and d.launch.data == 1
+    d, obs = run(obs, pods=gang(0), spec=scaled)
+    assert d.launch is None and not d.delete and d.checkpoint_request is not None
+    saved = replace(obs.checkpoint, step=230, request=d.checkpoint_request.value)
+    d, _ = run(obs, pods=gang(0), checkpoint=saved)
+    assert d.launch is not None and d.launch.data == 1 and d.launch.resume_step == 230
 
 
 def test_stale_progress_restarts() -> None:

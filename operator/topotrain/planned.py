@@ -1,0 +1,113 @@
+"""Planned changes lose no step: checkpoint the running gang first, then change it.
+
+A resize (`kubectl scale`, a grow when capacity returns) used to delete the gang at
+once and resume from the last commit, throwing away up to a checkpoint interval.
+Now the reconciler first asks for a checkpoint: a new value of the pods'
+`topotrain.io/checkpoint-request` annotation (the trainer reads it through its
+downwardAPI control file, saves at the next step boundary and keeps training).
+Once the newest COMMITTED names that value, the change goes ahead and resumes
+from that step. The wait is bounded by CHECKPOINT_REQUEST_TIMEOUT: a trainer that
+does not serve requests, or a save that takes longer, falls back to the last
+commit, with a Warning Event.
+
+Pure: the request's state lives in `status.checkpointRequest`, the clock is the
+pass's `now`, and the annotation is (re)applied to every pod that lacks it, so an
+operator restart at any line neither loses the request nor asks twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from topotrain import policy
+from topotrain.reconcile_status import CheckpointView, StatusBuilder, iso
+from topotrain.status import CheckpointRequestStatus, Reason
+
+# Seconds a planned change waits for the checkpoint it asked for. The bundled trainer saves at
+# its next step boundary; a step plus a save of the testbed's models takes a few seconds, and a
+# large model's save should still fit. Past it the change resumes from the last commit.
+CHECKPOINT_REQUEST_TIMEOUT = 120.0
+POLL_SECONDS = 2.0  # how often a pass looks for the requested COMMITTED while waiting
+
+
+@dataclass(frozen=True)
+class CheckpointAsk:
+    """Set `value` as the checkpoint-request annotation of these pods (a merge patch)."""
+
+    pods: tuple[str, ...]
+    value: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Whether the planned change may go ahead now, and what to do meanwhile."""
+
+    ready: bool
+    ask: CheckpointAsk | None = None
+    requeue_after: float | None = None
+
+
+def pending(status_request: CheckpointRequestStatus | None) -> bool:
+    return status_request is not None and status_request.state == "Pending"
+
+
+def checkpoint_first(
+    sb: StatusBuilder, view: CheckpointView | None, pods: list[policy.PodView], attempt: int,
+    reason: str, now: datetime, timeout: float = CHECKPOINT_REQUEST_TIMEOUT,
+) -> Wait:
+    """Ask for a checkpoint of `attempt` (once), then report ready when it is committed.
+
+    Ready at once without a checkpoint store (nothing could be saved). Never ready while the
+    store is unreadable: a planned change waits rather than guess the resume step.
+    """
+    if view is None:
+        return Wait(ready=True)
+    req = sb.status.checkpoint_request
+    if not pending(req) or req is None or req.attempt != attempt:
+        req = CheckpointRequestStatus(value=f"{reason}-{attempt}-{iso(now)}", reason=reason,
+                                      attempt=attempt, time=iso(now))  # fmt: skip
+        sb.status.checkpoint_request = req
+        sb.events.append(("Normal", Reason.CHECKPOINT_REQUESTED,
+                          f"{reason}: asked attempt {attempt} for a checkpoint at its next step "
+                          f"(waits up to {timeout:.0f}s, then resumes from the last commit)"))
+    if not view.reachable:
+        return Wait(ready=False, ask=_ask(req, pods), requeue_after=POLL_SECONDS)
+    if view.request == req.value and view.step is not None:
+        req.state, req.step = "Committed", view.step
+        sb.events.append(("Normal", Reason.CHECKPOINT_SERVED,
+                          f"{reason}: checkpoint of step {view.step} committed; changing the gang"))
+        return Wait(ready=True)
+    waited = (now - sb.parse(req.time)).total_seconds()
+    if waited >= timeout:
+        req.state, req.step = "TimedOut", view.step
+        last = "from scratch" if view.step is None else f"from the last commit, step {view.step}"
+        sb.events.append(("Warning", Reason.CHECKPOINT_TIMED_OUT,
+                          f"{reason}: the checkpoint asked {int(waited)}s ago is not committed "
+                          f"(bound {timeout:.0f}s); resuming {last}"))
+        return Wait(ready=True)
+    return Wait(ready=False, ask=_ask(req, pods), requeue_after=min(POLL_SECONDS, timeout - waited))
+
+
+def cancel(sb: StatusBuilder) -> None:
+    """The planned change is no longer wanted, or something else changed the gang first.
+
+    A checkpoint the trainer still saves is harmless: an ordinary commit.
+    """
+    req = sb.status.checkpoint_request
+    if req is not None and pending(req):
+        req.state = "Cancelled"
+
+
+def settle(sb: StatusBuilder) -> None:
+    """A pending request of an attempt that is no longer current (a failure or a rollout
+    restarted the gang), or of a job that finished, is cancelled."""
+    req, st = sb.status.checkpoint_request, sb.status
+    if pending(req) and req is not None and (req.attempt != st.attempt
+                                            or st.phase in ("Succeeded", "Failed")):
+        req.state = "Cancelled"
+
+
+def _ask(req: CheckpointRequestStatus, pods: list[policy.PodView]) -> CheckpointAsk | None:
+    missing = tuple(p.name for p in pods if not p.terminating and p.checkpoint_request != req.value)
+    return CheckpointAsk(pods=missing, value=req.value) if missing else None
