@@ -211,6 +211,8 @@ def main() -> int:
         worker = [sys.executable, os.path.abspath(__file__)]
         return Supervisor(env, control_path(), worker_argv=worker,
                           peer_wait=peer_wait_seconds(os.environ)).run()  # fmt: skip
+    if os.environ.get("LOCAL_RANK", "0") != "0":
+        return 0  # one process per pod speaks for it: the supervisor starts NPROC_PER_NODE ranks
     signal.signal(signal.SIGUSR1, _crash)
     config = json.loads(os.environ.get("TOPOTRAIN_TRAINING_CONFIG", "{}") or "{}")
     if env.node_rank:
