@@ -138,16 +138,38 @@ def _patch_lease(
         client.CoordinationV1Api(api).patch_namespaced_lease(name, NODE_LEASE_NAMESPACE, patch)
 
 
-def trainer_processes(pod_pid: int) -> list[int]:
-    """The trainer ranks of a harness-run pod: the children of its process (the supervisor)."""
+def _children(pid: int) -> list[int]:
     out = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError, IndexError, ValueError):
                 fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[1]) == pod_pid and fields[0] not in ("Z", "X"):
+                if int(fields[1]) == pid and fields[0] not in ("Z", "X"):
                     out.append(int(entry.name))
     return sorted(out)
+
+
+def _is_python(pid: int) -> bool:
+    with contextlib.suppress(OSError, IndexError):
+        argv0 = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")[0]
+        return Path(argv0.decode(errors="replace")).name.startswith("python")
+    return False
+
+
+def trainer_processes(pod_pid: int) -> list[int]:
+    """The trainer ranks of a harness-run pod: the children of its supervisor.
+
+    The supervisor is the pod's process, or, when the image's entrypoint starts an init first
+    (`tini -- python -m topotrain_trainer`, wherever tini is installed), that init's only
+    child: signalling the init's children would stop the supervisor and leave the ranks be.
+    """
+    supervisor = pod_pid
+    while not _is_python(supervisor):
+        below = _children(supervisor)
+        if len(below) != 1:
+            return []
+        supervisor = below[0]
+    return _children(supervisor)
 
 
 def signal_trainer(pod_pid: int, sig: signal.Signals = signal.SIGKILL) -> list[int]:

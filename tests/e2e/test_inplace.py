@@ -86,7 +86,7 @@ def test_a_hung_trainer_is_restarted_in_place(stack: Stack) -> None:
         name, lambda j: (j["status"].get("lastFailure") or {}).get("reason") == "ProgressStalled",
         timeout=JOB_TIMEOUT, what="the hang detected",
     )  # fmt: skip
-    assert (stalled["status"].get("recovery") or {}).get("mode") == "inPlace"
+    assert (stalled["status"].get("recovery") or {}).get("mode") == "inPlace", stalled["status"]
     assert live_uids(stack, name) == before, "no pod is deleted or created for a hang"
     stack.wait_job(name, phase_is("Succeeded"), timeout=JOB_TIMEOUT, what="Succeeded after the hang")
     assert sorted(step_losses(stack.events(name))) == list(range(1, 61))
