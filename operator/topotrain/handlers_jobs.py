@@ -187,16 +187,20 @@ class JobLoop:
 
         avoid = avoided_nodes(status.node_failures)
 
-        def make() -> PlacementPlanner:
-            inventory = snapshot.inventory(self.key, labels, tolerations, spec.worker.node_selector,
-                                           avoid, uid=self.uid or None)
-            return PlacementPlanner(spec, inventory)
+        def make(avoiding: frozenset[str]) -> Callable[[], PlacementPlanner]:
+            def build() -> PlacementPlanner:
+                inventory = snapshot.inventory(self.key, labels, tolerations,
+                                               spec.worker.node_selector, avoiding,
+                                               uid=self.uid or None)  # fmt: skip
+                return PlacementPlanner(spec, inventory)
+            return build
 
         return rec.Observed(
             name=self.key[1], namespace=self.key[0],
             generation=int(self.body.get("metadata", {}).get("generation") or 0),
             spec=spec, status=status, pods=snapshot.job_pods(self.key, self.uid or None),
-            nodes=snapshot.node_views(), planner=LazyPlanner(make), now=datetime.now(UTC),
+            nodes=snapshot.node_views(), planner=LazyPlanner(make(avoid)), now=datetime.now(UTC),
+            unavoiding_planner=LazyPlanner(make(frozenset())) if avoid else None,
             checkpoint=ckpt, rank_table=table,
             config_problem=problem or snapshot.foreign_problem(self.key, self.uid, status.attempt),
             strategy=self.op.settings.recovery, last_refusal=self.last_refusal,

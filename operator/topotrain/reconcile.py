@@ -60,6 +60,9 @@ class Observed:
     strategy: str = "incremental"  # or "recreate" (the full-gang baseline)
     last_refusal: datetime | None = None  # when the API server last refused this job's pods
     template: str = ""  # hash of the pod template the spec asks for (manifests.template_hash)
+    # The same cluster with the job's avoided nodes back in: used only when nothing else fits,
+    # so avoiding nodes that failed the job never strands it (None: no node is avoided).
+    unavoiding_planner: Planner | None = None
 
 
 @dataclass(frozen=True)
@@ -174,9 +177,10 @@ def _finish(decision: Decision, sb: StatusBuilder) -> Decision:
     return decision
 
 
-def _lost_nodes(obs: Observed, sb: StatusBuilder, nodes: Mapping[int, str]) -> frozenset[str]:
+def _lost_nodes(obs: Observed, sb: StatusBuilder, nodes: Mapping[int, str],
+                avoiding: bool = True) -> frozenset[str]:  # fmt: skip
     """Nodes of the previous placement that a recovery must move off: gone, NotReady or avoided."""
-    avoided = policy.avoided_nodes(sb.status.node_failures)
+    avoided = policy.avoided_nodes(sb.status.node_failures) if avoiding else frozenset()
     return frozenset(
         n for n in nodes.values() if n not in obs.nodes or not obs.nodes[n].ready or n in avoided
     )
@@ -267,6 +271,21 @@ def _refused_too_long(obs: Observed, sb: StatusBuilder, decision: Decision) -> b
 
 
 def _plan(obs: Observed, sb: StatusBuilder, previous: Mapping[int, str] | None) -> PlanOutcome:
+    outcome = _plan_on(obs, sb, previous, obs.planner, avoiding=True)
+    avoided = policy.avoided_nodes(sb.status.node_failures)
+    if outcome.feasible or not avoided or obs.unavoiding_planner is None:
+        return outcome
+    # Nothing fits without the nodes that failed this job: use them again rather than wait for
+    # capacity that may never come (every node of a small pool can reach the threshold).
+    relaxed = _plan_on(obs, sb, previous, obs.unavoiding_planner, avoiding=False)
+    if relaxed.feasible:
+        sb.forgive_nodes(avoided & set(relaxed.assignments.values()))
+        return relaxed
+    return outcome
+
+
+def _plan_on(obs: Observed, sb: StatusBuilder, previous: Mapping[int, str] | None,
+             planner: Planner, avoiding: bool) -> PlanOutcome:  # fmt: skip
     low, high = elastic.bounds(obs.spec.parallelism)
     table = obs.rank_table
     if previous is None and table is not None and table.attempt < sb.status.attempt:
@@ -275,8 +294,8 @@ def _plan(obs: Observed, sb: StatusBuilder, previous: Mapping[int, str] | None) 
     if obs.strategy == "incremental" and previous and recovering:
         current = sb.status.parallelism.data if sb.status.parallelism else high
         if low <= current <= high:
-            return obs.planner.replan(previous, _lost_nodes(obs, sb, previous), low, current)
-    return obs.planner.plan(low, high)
+            return planner.replan(previous, _lost_nodes(obs, sb, previous, avoiding), low, current)
+    return planner.plan(low, high)
 
 
 def _steady(

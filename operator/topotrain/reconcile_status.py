@@ -8,6 +8,7 @@ for a repeat, so Events mark transitions while status holds the truth.
 
 from __future__ import annotations
 
+from collections.abc import Set
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -57,7 +58,6 @@ class CheckpointView:
     # The checkpoint request the newest commit names (the trainer's last served request when it
     # saved that step): "" for none, or a trainer that does not serve requests.
     request: str = ""
-
 
 
 def iso(moment: datetime) -> str:
@@ -278,6 +278,17 @@ class StatusBuilder:
             self._event(WARNING, Reason.NODE_AVOIDED,
                         f"node {node} failed this job {policy.node_failure_threshold} times "
                         "(spec.failurePolicy.nodeFailureThreshold): re-plans avoid it")
+
+    def forgive_nodes(self, nodes: Set[str]) -> None:
+        """Avoided nodes the next placement uses anyway (nothing else fits): their count restarts."""
+        if not nodes:
+            return
+        for row in self.status.node_failures:
+            if row.node in nodes:
+                row.avoided, row.failures = False, 0
+        self._event(WARNING, Reason.NODES_FORGIVEN,
+                    f"no capacity fits the gang without nodes that failed it before: using "
+                    f"{', '.join(sorted(nodes))} again (spec.failurePolicy.nodeFailureThreshold)")
 
     def restarting(self, verdict: RestartDecision, next_attempt: int, kind: str = APPLICATION) -> None:
         st = self.status

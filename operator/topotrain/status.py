@@ -65,13 +65,13 @@ class Reason:
     SPEC_CHANGED = "SpecChanged"
     MAX_INFRA_RESTARTS = "MaxInfrastructureRestartsExceeded"
     NODE_AVOIDED = "NodeAvoided"
+    NODES_FORGIVEN = "NodesForgiven"
     FOREIGN_OBJECT = "ForeignObject"  # a child's name is taken by an object this job does not own
     FOREIGN_CHECKPOINTS = "ForeignCheckpoints"  # the checkpoint prefix holds another run's steps
     RESUMED_FOREIGN = "ResumedForeignCheckpoints"  # resumePolicy Always took another run's steps
     CHECKPOINT_REQUESTED = "CheckpointRequested"  # a planned change asked the gang for a checkpoint
     CHECKPOINT_SERVED = "CheckpointServed"  # ... and the trainer committed it
     CHECKPOINT_TIMED_OUT = "CheckpointRequestTimedOut"  # ... not in time: the last commit is used
-
 
 
 def now_iso() -> str:

@@ -126,6 +126,22 @@ def test_a_node_that_keeps_crashing_the_job_is_avoided_by_its_replans() -> None:
     assert any(reason == Reason.NODE_AVOIDED for _, reason, _ in d.events)
 
 
+def test_avoided_nodes_are_used_again_when_nothing_else_fits() -> None:
+    # A small pool whose every node reached the threshold (seen in the chaos soak: both jobs
+    # stranded InsufficientCapacity forever). Avoiding must never strand the job.
+    avoiding = FakePlanner(capacity=0, spare=[])  # with the avoided nodes left out: no room
+    everything = FakePlanner(spare=[])  # the same cluster with them back in
+    obs = running_job(spec=spec(nodeFailureThreshold=1), planner=avoiding)
+    obs = replace(obs, unavoiding_planner=everything)
+    d, obs = _crash_on(obs, 0, 1, 5)  # n1 fails the job once: avoided at threshold 1
+    assert d.launch is not None, "the job was stranded by its avoided node"
+    assert d.launch.assignments[1] == "n1" and everything.calls
+    row = next(r for r in d.status.node_failures if r.node == "n1")
+    assert (row.avoided, row.failures) == (False, 0)
+    forgiven = [m for _, reason, m in d.events if reason == Reason.NODES_FORGIVEN]
+    assert forgiven and "using n1 again" in forgiven[0]
+
+
 def test_a_trainer_bug_failing_every_node_blames_no_node() -> None:
     obs = running_job()
     pods = tuple(replace(p, phase="Failed", exit_code=1) for p in gang(0))
