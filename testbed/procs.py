@@ -131,15 +131,36 @@ class ManagedProcess:
 
 
 def signal_group(pgid: int, sig: signal.Signals) -> None:
+    """Signal the process group `pgid` and every process of the session it leads. Our processes
+    start in sessions of their own (start_new_session), so the session is what a container's
+    cgroup is to a kubelet: an init such as `tini --` moves its child into a group of its own,
+    and a kill of the leader's group alone left a deleted pod's supervisor and ranks training
+    on (the demo's lost node kept checkpointing and deleted the step the next attempt needed)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+    for pid in session_members(pgid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def session_members(sid: int) -> list[int]:
+    """Live processes of session `sid` (none when `sid` leads no session)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
+                members.append(int(entry.name))
+    return members
 
 
 def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
-        return False
+        return bool(session_members(pgid))  # the leader's group is gone, its session may not be
     except PermissionError:
         return True
     # A group whose only members are zombies still answers signal 0.
@@ -148,8 +169,8 @@ def group_alive(pgid: int) -> bool:
             continue
         with contextlib.suppress(OSError, IndexError):
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-                return True
+            if pgid in (int(fields[2]), int(fields[3])) and fields[0] not in ("Z", "X"):
+                return True  # in the group, or in the session it leads (see signal_group)
     return False
 
 

@@ -4,6 +4,7 @@ to start with "address already in use" on a busy machine)."""
 
 from __future__ import annotations
 
+import signal
 import socket
 from pathlib import Path
 
@@ -24,3 +25,38 @@ def test_ephemeral_range_falls_back_to_linux_default(tmp_path: Path) -> None:
     custom = tmp_path / "range"
     custom.write_text("40000\t50000\n")
     assert ephemeral_range(str(custom)) == (40000, 50000)
+
+
+def test_killing_a_pods_group_reaches_a_child_that_moved_to_a_group_of_its_own() -> None:
+    # What `tini -- python -m topotrain_trainer` does: the init's child gets its own group.
+    import subprocess
+    import sys
+    import time
+
+    from testbed.procs import group_alive, session_members, signal_group
+
+    script = ("import os, subprocess, sys, time\n"
+              "subprocess.Popen([sys.executable, '-c', 'import os, time; os.setpgid(0, 0); time.sleep(60)'])\n"
+              "time.sleep(60)\n")  # fmt: skip
+    leader = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    deadline = time.monotonic() + 20
+    while len(session_members(leader.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    members = session_members(leader.pid)
+    assert len(members) == 2
+    child = next(pid for pid in members if pid != leader.pid)
+    signal_group(leader.pid, signal.SIGKILL)
+    leader.wait()
+    deadline = time.monotonic() + 20
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child), "the child in its own group survived the pod's kill"
+    assert not group_alive(leader.pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
