@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -286,6 +287,12 @@ def main(argv: list[str] | None = None) -> int:
     # A testbed of its own: its 32 nodes must not show up in the tests' testbed
     # (the default one, which keeps its etcd data between sessions), nor theirs here.
     bed = Testbed(default_state_dir() / "demo")
+    if bed.root.exists():
+        # Every run starts from an empty cluster and store: a run stopped half-way (Ctrl-C, a
+        # failure) left its TrainingJob in etcd and its checkpoints in S3, and the next run then
+        # failed to create the job (409 AlreadyExists) or would have resumed the old run.
+        bed.down()
+        shutil.rmtree(bed.root)
     say(f"starting the testbed with {TOPOLOGY.relative_to(REPO)} (32 KWOK GPU nodes, H100 and A100 pools)")
     workdir = bed.root / "run"
     workdir.mkdir(parents=True, exist_ok=True)
