@@ -165,6 +165,8 @@ class JobLoop:
             acted = time.perf_counter()
             if refused:
                 await self._refused(decision.status, refused)
+            elif decision.launch is not None and self.last_refusal is not None:
+                await self._accepted(decision.status, decision.launch)
         for kind, reason, message in decision.events:
             kopf.event(self.body, type=kind, reason=reason, message=message)
             log.info("%s/%s %s %s: %s", *self.key, kind, reason, message)
@@ -230,6 +232,15 @@ class JobLoop:
         for kind, why, text in sb.events:
             kopf.event(self.body, type=kind, reason=why, message=text)
         await self._write_status(sb.status)
+
+    async def _accepted(self, status: TrainingJobStatus, launch: rec.Launch) -> None:
+        """The pods the API server refused before were created now: say so at once."""
+        self.last_refusal = None
+        sb = StatusBuilder(status, int(self.body.get("metadata", {}).get("generation") or 0),
+                           datetime.now(UTC))
+        if sb.pods_accepted(launch.attempt, len(launch.only or launch.assignments)):
+            sb.summarize()
+            await self._write_status(sb.status)
 
     async def _invalid_spec(self, status: TrainingJobStatus, lines: list[str]) -> float | None:
         status.conditions = set_condition(

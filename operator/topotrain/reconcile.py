@@ -22,14 +22,14 @@ from datetime import datetime, timedelta
 from topotrain import elastic, inplace, planned, policy
 from topotrain.api import TrainingJobSpec
 from topotrain.planning import Planner, PlanOutcome
-from topotrain.reconcile_status import CheckpointView, StatusBuilder, iso
+from topotrain.reconcile_status import REFUSAL_REASONS, CheckpointView, StatusBuilder, iso
 from topotrain.status import ConditionType as C
 from topotrain.status import Reason, TrainingJobStatus
 
 CHECKPOINT_UNAVAILABLE = Reason.STORE_UNAVAILABLE
 WAIT_SHORT = 2.0  # seconds: something in flight that no watch event announces
 CREATE_RETRY = 10.0  # seconds between tries to create a gang the API server refused
-REFUSALS = (Reason.QUOTA_EXCEEDED, Reason.POD_SPEC_INVALID, Reason.POD_CREATE_REFUSED)
+REFUSALS = REFUSAL_REASONS
 
 
 @dataclass(frozen=True)

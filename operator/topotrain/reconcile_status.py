@@ -42,6 +42,9 @@ from topotrain.status import ConditionType as C
 NORMAL, WARNING = "Normal", "Warning"
 
 
+# The API server's refusals of a gang's pods (PodsCreated=False reasons the edge reports).
+REFUSAL_REASONS = (Reason.QUOTA_EXCEEDED, Reason.POD_SPEC_INVALID, Reason.POD_CREATE_REFUSED)
+
 @dataclass(frozen=True)
 class CheckpointView:
     """What the checkpoint store said this pass (None fields: nothing there)."""
@@ -208,6 +211,17 @@ class StatusBuilder:
             self._waiting_phase()
         if self.set(C.PODS_CREATED, False, reason, message):
             self._event(WARNING, reason, message)
+
+    def pods_accepted(self, attempt: int, count: int) -> bool:
+        """The API server took every pod of a launch after refusing earlier ones: the refusal
+        is over (True: the condition changed). Said by the edge right after creating, since the
+        next pass may never see those pods (deleted at once by a fault) and a stale refusal
+        would otherwise fail the job on `schedulingTimeoutSeconds` measured from long before."""
+        cond = self.status.condition(C.PODS_CREATED)
+        if cond is None or cond.status != "False" or cond.reason not in REFUSAL_REASONS:
+            return False
+        return self.set(C.PODS_CREATED, True, Reason.PODS_CREATED_OK,
+                        f"attempt {attempt}: {count} pods created")
 
     def running(self) -> float | None:
         """Every pod Running; returns the recovery time when a recovery just finished."""

@@ -343,3 +343,24 @@ def test_a_namesakes_pod_in_the_way_is_waited_for_never_failed() -> None:
     assert d.launch is None and d.requeue_after is not None  # no hot loop of creates
     d, _ = run(obs, now=at(3600))
     assert d.status.phase != "Failed" and d.launch is not None
+
+
+def test_pods_accepted_after_a_refusal_end_the_refusal_at_once() -> None:
+    # The long chaos soak: quota lifted, the retry's pods created and deleted at once by a fault
+    # before a pass saw them; the stale refusal then failed the job on schedulingTimeoutSeconds
+    # measured from the first refusal, minutes before.
+    from topotrain.reconcile_status import StatusBuilder
+
+    obs = running_job()
+    sb = StatusBuilder(obs.status, 1, at(0))
+    sb.pods_refused(Reason.QUOTA_EXCEEDED, "403: exceeded quota")
+    stale = replace(obs, status=sb.status.model_copy(deep=True))
+    d, _ = run(stale, pods=(), now=at(5000))
+    assert d.status.phase == "Failed" and d.status.reason == Reason.QUOTA_EXCEEDED  # without it
+    edge = StatusBuilder(sb.status, 1, at(1))
+    assert edge.pods_accepted(1, 4) is True
+    cond = edge.status.condition(C.PODS_CREATED)
+    assert cond is not None and cond.status == "True"
+    d, _ = run(replace(obs, status=edge.status), pods=(), now=at(5000))
+    assert d.status.phase != "Failed"
+    assert StatusBuilder(edge.status, 1, at(5001)).pods_accepted(1, 4) is False  # nothing to clear
