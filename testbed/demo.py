@@ -169,7 +169,7 @@ class Demo:
 
     def running(self, attempt: int, data: int) -> dict[str, Any] | None:
         status = self.status()
-        ok = (status.get("phase") == "Running" and status.get("attempt") == attempt
+        ok = (status.get("phase") == "Running" and int(status.get("attempt") or 0) >= attempt
               and status.get("parallelism", {}).get("data") == data)
         return status if ok else None
 

@@ -414,7 +414,8 @@ class CheckpointStore:
             self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": chunk, "Quiet": True})
 
     def apply_retention(self, keep: int) -> list[int]:
-        """Keep the newest `keep` committed checkpoints; delete older committed ones and
+        """Keep the newest `keep` committed checkpoints, and the one that served the newest
+        checkpoint request; delete older committed ones and
         uncommitted leftovers older than the newest commit. Newer uncommitted directories
         may be uploads in flight and stay. Returns the deleted steps, ascending."""
         if keep < 1:
@@ -424,6 +425,11 @@ class CheckpointStore:
             return []
         kept = set(sorted(commits)[-keep:])
         newest = max(commits)
+        # The step that served the newest checkpoint request is where the operator resumes the
+        # gang after a planned change; the old gang commits on (its periodic and its SIGTERM
+        # saves) until it is stopped, and must not delete the step its successor loads.
+        if request := commits[newest].request:
+            kept.add(min(s for s, c in commits.items() if c.request == request))
         doomed = [s for s in self.step_dirs() if s not in kept and s < newest]
         for step in doomed:
             self.delete_step(step)

@@ -226,6 +226,18 @@ def test_download_step_restores_every_shard(store: CheckpointStore, tmp_path: Pa
     assert (tmp_path / "restore" / "__3_0.distcp").read_bytes() == b"xxxx"
 
 
+def test_retention_never_deletes_the_step_that_served_the_newest_request(
+    store: CheckpointStore, tmp_path: Path
+) -> None:
+    # make demo: a resize's request served at step 9; the old gang then committed 10 (periodic)
+    # and 11 (its SIGTERM save), and keep=2 deleted 9, the step the new attempt was to load.
+    for step, request in ((5, ""), (9, "resize-2"), (10, "resize-2"), (11, "resize-2")):
+        _write_shards(store, step, tmp_path)
+        store.write_commit(step, MESH, 3, request=request)
+    assert store.apply_retention(keep=2) == [5]
+    assert [c.step for c in store.list_committed()] == [9, 10, 11]
+
+
 def test_retention_rejects_keep_below_one(store: CheckpointStore) -> None:
     with pytest.raises(ValueError, match="keep"):
         store.apply_retention(0)
