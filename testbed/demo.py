@@ -238,7 +238,10 @@ class Demo:
         status = self.scale(data=2, attempt=3)
         print(f"Running with {len(self.pods())} pods, data={status['parallelism']['data']}; "
               f"restarts counted: {status['restarts']} (resizes are not failures)")
-        self.stream(lambda e: e.get("event") == "done")
+        # A stopped gang's trainer also closes with a "done" line at the step it stopped at (the
+        # gang replaced by the grow saved on SIGTERM): wait for the one at the last step.
+        last = int(DEMO_JOB["spec"]["training"]["steps"])
+        self.stream(lambda e: e.get("event") == "done" and int(e.get("step") or 0) >= last)
         wait("Succeeded", lambda: self.status().get("phase") == "Succeeded", timeout=120)
         say(f"the job Succeeded; its checkpoints stay in S3: {[c.step for c in store.list_committed()]}")
         print(self.kubectl("-n", NAMESPACE, "get", "tj", "-o", "wide"))
