@@ -22,7 +22,10 @@ from testbed.procs import wait_until
 from tests.e2e.jobs import JOB_TIMEOUT, LOSS_ATOL, TRAINING, attempts, last_step, of_kind, phase_is
 from tests.trainer.reference import reference_run
 
-STEPS = 60
+# Long enough that the grow is served and acted on before the shrunk gang could finish: on a
+# quiet machine the tiny model trains about five steps a second at data=1, and 60 steps let it
+# reach the end while the operator waited for the grow's COMMITTED (the job Succeeded at data=1).
+STEPS = 200
 
 
 def _scale(stack: Stack, name: str, data: int) -> None:

@@ -151,7 +151,9 @@ class Cluster:
             "image": "topotrain/trainer:test", "command": ["python", "-m", "topotrain_trainer"],
             "parallelism": par,
             "worker": {"gpusPerPod": gpus_per_pod, "nodeSelector": {TEST_NODES_LABEL: self.namespace}},
-            "failurePolicy": {"backoffSeconds": 0},
+            # These tests' pods run no processes (KWOK only) and hold the recreate path; restart
+            # in place needs the pod's supervisor and is tested end to end (tests/e2e/test_inplace.py).
+            "failurePolicy": {"backoffSeconds": 0, "restartInPlace": False},
         }
         if bucket is not None and s3 is not None:
             body["checkpoint"] = {"uri": f"s3://{bucket}/runs", "endpoint": s3.endpoint,
