@@ -235,12 +235,15 @@ class StatusBuilder:
         rec = st.recovery
         if rec is None or rec.started is None:
             return None
-        seconds = max(0.0, (self.now - parse(rec.started)).total_seconds())
+        # Measured on the millisecond clock the status stores, so that podsRunning (computed
+        # later from the stored times) reads the same as lastSeconds.
+        now = iso(self.now)
+        seconds = max(0.0, (parse(now) - parse(rec.started)).total_seconds())
         rec.last_seconds = round(seconds, 3)
         rec.started = None
-        rec.awaiting_attempt, rec.pods_running_time = st.attempt, iso(self.now)
+        rec.awaiting_attempt, rec.pods_running_time = st.attempt, now
         if rec.fault_time is None:
-            rec.fault_time = iso(self.now - timedelta(seconds=seconds))
+            rec.fault_time = iso(parse(now) - timedelta(seconds=seconds))
         self.set(C.RECOVERING, False, Reason.PODS_RUNNING, f"recovered in {seconds:.2f}s")
         self._event(NORMAL, "Recovered", f"attempt {st.attempt} Running {seconds:.2f}s after the failure")
         return seconds

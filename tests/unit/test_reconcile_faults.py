@@ -299,6 +299,25 @@ def test_time_to_first_step_is_measured_from_the_fault_to_the_new_attempts_first
     assert again.first_step is None  # once per recovery
 
 
+def test_pods_running_phase_equals_the_recovery_time_at_sub_millisecond_clocks() -> None:
+    """Both are shown to users (`status.recovery.lastSeconds`, `.phases.podsRunning`): the same
+    interval must read the same, whatever the microseconds of the operator's clock."""
+    from topotrain.checkpoints import AttemptStart
+
+    obs = running_job()
+    pods = list(gang(0))
+    pods[1] = replace(pods[1], phase="Failed", exit_code=1)
+    _, obs = run(obs, pods=tuple(pods), now=at(5.0004))
+    d, obs = run(obs, pods=gang(1), now=at(5.5059))
+    assert d.status.recovery is not None
+    last = d.status.recovery.last_seconds
+    start = AttemptStart(process=at(6), first_step=201, first_step_time=at(9), load_seconds=1.0)
+    d, _ = run(obs, pods=gang(1), now=at(10), checkpoint=replace(beat(201, attempt=1), progress_start=start))
+    rec = d.status.recovery
+    assert rec is not None and rec.phases is not None
+    assert rec.phases.pods_running == last == 0.505
+
+
 def test_an_implausible_trainer_clock_falls_back_to_the_operators_observation() -> None:
     from topotrain.checkpoints import AttemptStart
 
