@@ -19,7 +19,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from topotrain.api import TrainingJobSpec
-from topotrain.checkpoints import CheckpointStore, PrefixOwner, job_prefix, operator_store
+from topotrain.checkpoints import (
+    CheckpointStore,
+    CommittedCheckpoint,
+    PrefixOwner,
+    Progress,
+    job_prefix,
+    operator_store,
+)
 from topotrain.kube import Kube, SecretProblem
 from topotrain.ownership import (
     ForeignObject,
@@ -86,6 +93,7 @@ class Observer:
         try:
             latest = store.latest_committed()
             progress = store.read_progress()
+            request, request_step = _served_request(store, latest, progress)
             refused = self._claim(store, ckpt.resume_policy, started, latest.step if latest else None)
         except Exception as exc:  # boto3 raises many kinds; all mean "unknown now"
             log.warning("checkpoint store of %s/%s unreadable: %s", namespace, name, exc)
@@ -101,7 +109,7 @@ class Observer:
             progress_time=progress.time if progress else None,
             progress_attempt=progress.attempt if progress else None,
             progress_start=progress.start if progress else None,
-            request=latest.request if latest else "",
+            request=request, request_step=request_step,
         )
 
     def _claim(self, store: CheckpointStore, policy: ResumePolicy, started: bool,
@@ -147,3 +155,20 @@ class Observer:
 def _short(exc: Any) -> str:
     text = str(exc).strip().splitlines()
     return (text[0] if text else type(exc).__name__)[:300]
+
+
+def _served_request(store: CheckpointStore, latest: CommittedCheckpoint | None,
+                    progress: Progress | None) -> tuple[str, int | None]:
+    """(request, step): the checkpoint request served by a committed step, and that step.
+
+    The newest commit names the request its trainer had served; when it does not name the one the
+    heartbeat reports (a replaced gang's SIGTERM save landed after the new gang's request save),
+    the step the heartbeat names is read: served once its COMMITTED names the same request.
+    """
+    request, step = (latest.request, latest.step) if latest is not None and latest.request else ("", None)
+    served = progress.checkpoint_request if progress is not None else None
+    if served is not None and served.value != request:
+        commit = store.read_commit(served.step)
+        if commit is not None and commit.request == served.value:
+            request, step = served.value, served.step
+    return request, step

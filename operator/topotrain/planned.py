@@ -46,6 +46,8 @@ class Wait:
     ready: bool
     ask: CheckpointAsk | None = None
     requeue_after: float | None = None
+    # The step the change resumes from when its checkpoint was served (None: the last commit).
+    resume_step: int | None = None
 
 
 def pending(status_request: CheckpointRequestStatus | None) -> bool:
@@ -73,11 +75,11 @@ def checkpoint_first(
                           f"(waits up to {timeout:.0f}s, then resumes from the last commit)"))
     if not view.reachable:
         return Wait(ready=False, ask=_ask(req, pods), requeue_after=POLL_SECONDS)
-    if view.request == req.value and view.step is not None:
-        req.state, req.step = "Committed", view.step
+    if view.request == req.value and view.request_step is not None:
+        req.state, req.step = "Committed", view.request_step
         sb.events.append(("Normal", Reason.CHECKPOINT_SERVED,
-                          f"{reason}: checkpoint of step {view.step} committed; changing the gang"))
-        return Wait(ready=True)
+                          f"{reason}: checkpoint of step {req.step} committed; changing the gang"))
+        return Wait(ready=True, resume_step=req.step)
     waited = (now - sb.parse(req.time)).total_seconds()
     if waited >= timeout:
         req.state, req.step = "TimedOut", view.step

@@ -202,8 +202,10 @@ def _backoff_left(obs: Observed, sb: StatusBuilder) -> float:
 def _launch(
     obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
     previous: Mapping[int, str] | None = None, outcome: PlanOutcome | None = None,
+    resume: int | None = None,
 ) -> None:
-    """No pod of the current attempt exists: place the gang and create it."""
+    """No pod of the current attempt exists: place the gang and create it, resuming from
+    `resume` (a planned change's served checkpoint) or else the newest commit."""
     if obs.config_problem is not None:
         return
     waiting = _backoff_left(obs, sb)
@@ -232,7 +234,8 @@ def _launch(
         sb.unschedulable(outcome.reason, outcome.message)
         decision.requeue_after = None  # node and pod events wake us when capacity changes
         return
-    resume = None if ckpt is None else ckpt.step
+    if resume is None:
+        resume = None if ckpt is None else ckpt.step
     previous_data = sb.status.parallelism.data if sb.status.parallelism else outcome.data
     sb.placed(outcome, obs.spec.parallelism, previous_data, resume)
     # Gated pods are never tried by the scheduler, so holding the gate until the older attempt's
@@ -465,7 +468,7 @@ def _maybe_resize(
         return
     decision.delete += [p.name for p in current if not p.terminating]
     sb.resizing(request, outcome.data, attempt + 1)
-    _launch(obs, sb, decision, attempt + 1, outcome=outcome)
+    _launch(obs, sb, decision, attempt + 1, outcome=outcome, resume=wait.resume_step)
 
 
 # --- in-place restart (see inplace.py) ------------------------------------------

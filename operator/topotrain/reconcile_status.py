@@ -58,9 +58,12 @@ class CheckpointView:
     progress_time: datetime | None = None
     progress_attempt: int | None = None  # the attempt whose trainer wrote the heartbeat
     progress_start: AttemptStart | None = None  # how that attempt started (the bundled trainer)
-    # The checkpoint request the newest commit names (the trainer's last served request when it
-    # saved that step): "" for none, or a trainer that does not serve requests.
+    # The checkpoint request the current trainer served and committed ("" for none, or a trainer
+    # that does not serve requests), and the step that holds it: the newest commit when that names
+    # it, else the step the heartbeat says served it. A gang replaced meanwhile may have saved a
+    # newer step on its SIGTERM (a stale commit naming an older request).
     request: str = ""
+    request_step: int | None = None
 
 
 def iso(moment: datetime) -> str:

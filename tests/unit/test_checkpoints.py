@@ -289,3 +289,21 @@ def test_retention_collects_other_attempts_shards_except_in_the_newest_step(
     # the newest step keeps a slower attempt's files: it may still be writing them
     assert "attempt-0-aaaa0000/__0_0.distcp" in store.step_objects(20)
     assert store.download_step(10, tmp_path / "r10") == ["__0_0.distcp", "__1_0.distcp"]
+
+
+def test_the_served_request_is_found_under_a_newer_stale_commit(
+    store: CheckpointStore, tmp_path: Path
+) -> None:
+    """A gang replaced by a resize saved step 26 on its SIGTERM (naming its own request) after the
+    new gang had resumed from 13; the new gang's requested save is step 24. The operator still
+    learns its request was served, at step 24."""
+    from topotrain.handlers_observe import _served_request
+
+    for step, request in ((13, "resize-0"), (24, "resize-1"), (26, "resize-0")):
+        _write_shards(store, step, tmp_path)
+        store.write_commit(step, MESH, 3, request=request)
+    store.write_progress(25, attempt=1, request=ServedRequest("resize-1", 24))
+    assert _served_request(store, store.latest_committed(), store.read_progress()) == ("resize-1", 24)
+    # A heartbeat naming a save that has not committed yet: only the newest commit's request.
+    store.write_progress(31, attempt=1, request=ServedRequest("resize-2", 30))
+    assert _served_request(store, store.latest_committed(), store.read_progress()) == ("resize-0", 26)

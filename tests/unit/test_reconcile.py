@@ -204,7 +204,7 @@ def test_shrunk_job_grows_back_when_capacity_returns() -> None:
     assert d.launch is None and not d.delete  # no room yet: keep running at data=1
     d1, obs = run(obs, pods=gang(0, n=2), planner=FakePlanner())
     assert d1.launch is None and d1.checkpoint_request is not None  # a checkpoint first
-    saved = replace(obs.checkpoint, step=230, request=d1.checkpoint_request.value)
+    saved = replace(obs.checkpoint, step=230, request=d1.checkpoint_request.value, request_step=230)
     d2, _ = run(obs, pods=gang(0, n=2), planner=FakePlanner(), checkpoint=saved)
     assert d2.launch is not None and d2.launch.data == 2 and d2.launch.attempt == 1
     assert d2.launch.resume_step == 230
@@ -218,7 +218,7 @@ def test_kubectl_scale_down_restarts_at_the_new_degree() -> None:
     scaled.parallelism.data = 1
     d, obs = run(obs, pods=gang(0), spec=scaled)
     assert d.launch is None and not d.delete and d.checkpoint_request is not None
-    saved = replace(obs.checkpoint, step=230, request=d.checkpoint_request.value)
+    saved = replace(obs.checkpoint, step=230, request=d.checkpoint_request.value, request_step=230)
     d, _ = run(obs, pods=gang(0), checkpoint=saved)
     assert d.launch is not None and d.launch.data == 1 and d.launch.resume_step == 230
 

@@ -29,7 +29,8 @@ def at(seconds: float) -> Any:
 
 def served(value: str, step: int = 237) -> CheckpointView:
     """The store once the trainer committed the requested save (at the step it had reached)."""
-    return replace(LAST, step=step, uri=f"s3://ckpt/runs/ns/job/step-{step:010d}", request=value)
+    return replace(LAST, step=step, uri=f"s3://ckpt/runs/ns/job/step-{step:010d}", request=value,
+                   request_step=step)
 
 
 def asked(pods: tuple[PodView, ...], value: str) -> tuple[PodView, ...]:
@@ -89,6 +90,24 @@ def test_resize_checkpoints_first_and_resumes_from_the_requested_step(start: Any
     assert d.status.checkpoint_request.step == 237  # type: ignore[union-attr]
     assert d.status.restarts == 0  # a planned change is not a failure
     assert Reason.CHECKPOINT_SERVED in [e[1] for e in d.events]
+
+
+def test_a_newer_stale_commit_does_not_hide_the_served_request() -> None:
+    """The gang an earlier resize replaced saved a newer step on its SIGTERM (naming its own,
+    older request); the current gang's requested save is an older step. The resize still sees its
+    request served and resumes from the requested step, not the stale newer one (CI: the grow
+    waited until the job had finished)."""
+    obs, pods = grow()
+    d, obs = run(obs, pods=pods, now=at(10))
+    value = request_of(d)
+    stale = replace(LAST, step=260, uri="s3://ckpt/runs/ns/job/step-0000000260",
+                    request="resize-0-old", request_step=None)
+    d, obs = run(obs, pods=asked(pods, value), now=at(12), checkpoint=stale)
+    assert d.launch is None and d.status.checkpoint_request.state == "Pending"  # type: ignore[union-attr]
+    d, _ = run(obs, pods=asked(pods, value), now=at(14),
+               checkpoint=replace(stale, request=value, request_step=237))
+    assert d.launch is not None and d.launch.resume_step == 237 and d.launch.data == 2
+    assert d.status.checkpoint_request.step == 237  # type: ignore[union-attr]
 
 
 def test_an_operator_restart_mid_wait_asks_the_pods_that_lack_the_request_again() -> None:
