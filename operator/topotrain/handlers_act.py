@@ -68,10 +68,8 @@ class Actuator:
             self.kube.patch_pods(namespace, list(ask.pods),
                                  {"metadata": {"annotations": {CHECKPOINT_REQUEST: ask.value}}})
         if decision.launch is not None:
-            meta = body.get("metadata", {})
-            job = JobMeta(name=key[1], namespace=namespace, uid=str(meta.get("uid", "")))
             try:
-                refused = self._launch(key, job, spec, decision.launch)
+                refused = self._launch(key, _job_meta(key, body), spec, decision.launch)
             except ForeignObject as exc:  # the next pass's Observer says so in ConfigValid
                 log.warning("%s/%s: %s", *key, exc.message)
                 self.problem = exc.problem
@@ -79,6 +77,32 @@ class Actuator:
         if decision.release and not refused:
             self.kube.release_pods(namespace, decision.release)
         return refused
+
+    def reserve(self, key: JobKey, body: Mapping[str, Any], spec: TrainingJobSpec,
+                decision: Decision) -> None:
+        """Record the pods `decision` will create in the ledger (no I/O): called under the plan
+        lock, so the next job's plan counts their GPUs as taken before they exist."""
+        if decision.launch is not None:
+            for manifest in self._manifests(_job_meta(key, body), spec, decision.launch):
+                self.ledger.record(key, manifest)
+
+    def unreserve(self, key: JobKey, decision: Decision) -> None:
+        """The pass failed before creating the launch's pods: free their GPUs at once."""
+        launch = decision.launch
+        if launch is not None:
+            for i in launch.only or tuple(sorted(launch.assignments)):
+                self.ledger.forget(key[0], pod_name(key[1], launch.attempt, i))
+
+    def _manifests(self, job: JobMeta, spec: TrainingJobSpec, launch: Launch) -> list[dict[str, Any]]:
+        settings = self.settings
+        return [
+            pod(job, spec, PodPlan(
+                attempt=launch.attempt, index=i, node=launch.assignments[i], data=launch.data,
+                resume_step=launch.resume_step, master_port=settings.master_port,
+                s3_endpoint=settings.s3_endpoint, master_addr=launch.master_addr,
+            ))
+            for i in launch.only or tuple(sorted(launch.assignments))
+        ]
 
     def _launch(
         self, key: JobKey, job: JobMeta, spec: TrainingJobSpec, launch: Launch,
@@ -90,15 +114,7 @@ class Actuator:
         if not launch.only or launch.in_place:
             self.kube.apply(rank_table(job, spec, launch.attempt, launch.data, launch.pool,
                                        launch.assignments))
-        indices = launch.only or tuple(sorted(launch.assignments))
-        manifests = [
-            pod(job, spec, PodPlan(
-                attempt=launch.attempt, index=i, node=launch.assignments[i], data=launch.data,
-                resume_step=launch.resume_step, master_port=settings.master_port,
-                s3_endpoint=settings.s3_endpoint, master_addr=launch.master_addr,
-            ))
-            for i in indices
-        ]
+        manifests = self._manifests(job, spec, launch)
         for manifest in manifests:
             self.ledger.record(key, manifest)
         created, refused = self.kube.create_pods(manifests)
@@ -118,3 +134,8 @@ class Actuator:
         if launch.release:
             self.kube.release_pods(job.namespace, every)
         return {}
+
+
+def _job_meta(key: JobKey, body: Mapping[str, Any]) -> JobMeta:
+    meta = body.get("metadata", {})
+    return JobMeta(name=key[1], namespace=key[0], uid=str(meta.get("uid", "")))

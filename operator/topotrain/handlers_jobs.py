@@ -3,8 +3,9 @@
 The kopf daemon of each job runs `JobLoop.run`: a pass, then a wait until a
 watch event wakes it (its pods, a node, freed capacity) or the pass's requeue
 time or the idle interval passes. Planning and pod creation happen under one
-process-wide lock, with created pods recorded in the ledger before the lock is
-released, so concurrent jobs never plan onto the same free GPUs.
+process-wide lock, with the pods a decision creates recorded in the ledger before
+the lock is released, so concurrent jobs never plan onto the same free GPUs. The
+decision runs in a worker thread; no API or S3 call is made under the lock.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -147,26 +148,40 @@ class JobLoop:
         owned, table = await asyncio.to_thread(
             self.observer.children, self.key, self.actuator.problem is not None)
         problem = problem or owned
-        async with self.op.plan_lock:
-            snapshot = Snapshot.take(_values(nodes), _values(pods), self.op.ledger)
-            obs = self._observed(spec, status, snapshot, ckpt, table, problem)
-            decision = rec.reconcile(obs)
-            fresh_needed = spec.checkpoint is not None and not self.observer.fresh(self.key)
-            if (decision.launch is not None or decision.relabel is not None) and fresh_needed:
-                _, ckpt = await asyncio.to_thread(self.observer.checkpoint, self.key, spec, status, True)
-                decision = rec.reconcile(replace(obs, checkpoint=ckpt))
+        # Only the decision is made under the process-wide lock (in a worker thread: building the
+        # inventory and planning a large gang take long, and kopf's event loop must keep serving
+        # watches and probes). The launch's pods are recorded in the ledger before the lock is
+        # released, so another job's plan never takes their GPUs; the status write and the pod
+        # changes run after it, so one job's slow API call never holds up every other job.
+        for fresh_read in (False, True):
+            async with self.op.plan_lock:
+                node_list, pod_list = _values(nodes), _values(pods)
+                decision = await asyncio.to_thread(
+                    self._decide, spec, status, node_list, pod_list, ckpt, table, problem)
+                stale = (spec.checkpoint is not None and not fresh_read
+                         and (decision.launch is not None or decision.relabel is not None)
+                         and not self.observer.fresh(self.key))
+                if not stale:
+                    await asyncio.to_thread(self.actuator.reserve, self.key, self.body, spec, decision)
+                    break
+            # A restart resumes from the newest commit: read the store again before deciding it.
+            _, ckpt = await asyncio.to_thread(self.observer.checkpoint, self.key, spec, status, True)
+        decided = time.perf_counter()
+        try:
             # Intent first: the status (attempt, restarts, failure) is durable before any pod
             # changes, so an operator killed at any line resumes without losing or repeating it.
-            decided = time.perf_counter()
             self._took_over(decision.status)
             await self._write_status(decision.status)
-            written = time.perf_counter()
-            refused = await asyncio.to_thread(self.actuator.apply, self.key, self.body, spec, decision)
-            acted = time.perf_counter()
-            if refused:
-                await self._refused(decision.status, refused)
-            elif decision.launch is not None and self.last_refusal is not None:
-                await self._accepted(decision.status, decision.launch)
+        except BaseException:
+            self.actuator.unreserve(self.key, decision)  # nothing was created: free the GPUs now
+            raise
+        written = time.perf_counter()
+        refused = await asyncio.to_thread(self.actuator.apply, self.key, self.body, spec, decision)
+        acted = time.perf_counter()
+        if refused:
+            await self._refused(decision.status, refused)
+        elif decision.launch is not None and self.last_refusal is not None:
+            await self._accepted(decision.status, decision.launch)
         for kind, reason, message in decision.events:
             kopf.event(self.body, type=kind, reason=reason, message=message)
             log.info("%s/%s %s %s: %s", *self.key, kind, reason, message)
@@ -180,6 +195,14 @@ class JobLoop:
         self._observe_metrics(decision, ckpt)
         METRICS.reconcile.observe(time.perf_counter() - started)
         return decision.requeue_after
+
+    def _decide(self, spec: TrainingJobSpec, status: TrainingJobStatus,
+                nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
+                ckpt: CheckpointView | None, table: rec.RankTable | None,
+                problem: tuple[str, str] | None) -> rec.Decision:
+        """Snapshot and decide (pure, CPU only): run in a worker thread under the plan lock."""
+        snapshot = Snapshot.take(nodes, pods, self.op.ledger)
+        return rec.reconcile(self._observed(spec, status, snapshot, ckpt, table, problem))
 
     def _observed(self, spec: TrainingJobSpec, status: TrainingJobStatus, snapshot: Snapshot,
                   ckpt: CheckpointView | None, table: rec.RankTable | None,

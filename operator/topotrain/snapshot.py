@@ -11,6 +11,7 @@ a deleted namesake's terminating pods are someone else's, holding their GPUs.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -178,24 +179,32 @@ def node_view(node: Mapping[str, Any]) -> NodeView:
 
 @dataclass
 class Ledger:
-    """Pods this process created that the watch has not reported yet."""
+    """Pods this process created (or is about to create) that the watch has not reported yet.
+
+    Shared by every job's worker threads (a decision reserves under the plan lock, the pod
+    changes record and forget outside it), so each call holds the ledger's own mutex.
+    """
 
     entries: dict[tuple[str, str], tuple[JobKey, dict[str, Any], float]] = field(default_factory=dict)
+    _mutex: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def record(self, job: JobKey, manifest: Mapping[str, Any]) -> None:
         meta = manifest["metadata"]
         slim = slim_pod(manifest)
-        self.entries[(meta["namespace"], meta["name"])] = (job, slim, time.monotonic())
+        with self._mutex:
+            self.entries[(meta["namespace"], meta["name"])] = (job, slim, time.monotonic())
 
     def forget(self, namespace: str, name: str) -> None:
-        self.entries.pop((namespace, name), None)
+        with self._mutex:
+            self.entries.pop((namespace, name), None)
 
     def unseen(self, seen: Iterable[tuple[str, str]]) -> list[tuple[JobKey, dict[str, Any]]]:
         """Entries the index does not show yet (expired ones are dropped)."""
         shown, now = set(seen), time.monotonic()
-        for key in [k for k, (_, _, t) in self.entries.items() if k in shown or now - t > LEDGER_TTL]:
-            del self.entries[key]
-        return [(job, slim) for job, slim, _ in self.entries.values()]
+        with self._mutex:
+            for key in [k for k, (_, _, t) in self.entries.items() if k in shown or now - t > LEDGER_TTL]:
+                del self.entries[key]
+            return [(job, slim) for job, slim, _ in self.entries.values()]
 
 
 @dataclass

@@ -191,3 +191,29 @@ def test_the_jobs_own_pods_and_ledger_entries_stay_its_own() -> None:
     assert snap.foreign_problem(("team", "llm"), "new-uid", attempt=0) is None
     inventory = snap.inventory(("team", "llm"), TopologyLevels(), [], {}, uid="new-uid")
     assert {n: info.free for n, info in inventory.nodes.items()} == {"n0": 8, "n1": 8}
+
+
+def test_a_reserved_launch_holds_its_gpus_before_any_api_call_until_unreserved() -> None:
+    """The decision's pods are in the ledger when the plan lock is released (the creates run
+    after it): another job's inventory counts their GPUs as taken; a failed pass frees them."""
+    from topotrain.handlers_act import Actuator
+    from topotrain.reconcile import Decision, Launch
+    from topotrain.settings import Settings
+    from topotrain.status import TrainingJobStatus
+
+    ledger = Ledger()
+    actuator = Actuator(kube=None, settings=Settings(), ledger=ledger)  # type: ignore[arg-type]
+    launch = Launch(attempt=0, data=2, pool="H100-80GB", assignments={0: "n0", 1: "n1"},
+                    resume_step=None, mode="initial")
+    decision = Decision(status=TrainingJobStatus(), launch=launch)
+    body = {"metadata": {"name": "llm", "namespace": "team", "uid": "new-uid"}}
+    actuator.reserve(("team", "llm"), body, SPEC, decision)
+
+    def free_for_other_job() -> dict[str, int]:
+        snap = Snapshot.take([node("n0"), node("n1"), node("n2")], [], ledger)
+        inventory = snap.inventory(("team", "other"), TopologyLevels(), [], {}, uid="other-uid")
+        return {n: info.free for n, info in inventory.nodes.items()}
+
+    assert free_for_other_job() == {"n0": 0, "n1": 0, "n2": 8}
+    actuator.unreserve(("team", "llm"), decision)
+    assert free_for_other_job() == {"n0": 8, "n1": 8, "n2": 8}
