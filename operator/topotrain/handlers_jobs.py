@@ -72,15 +72,42 @@ class Operator:
     plan_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     wakers: dict[JobKey, asyncio.Event] = field(default_factory=dict)
     written: dict[JobKey, dict[str, Any]] = field(default_factory=dict)
+    # What wakes a job besides its own pods' events (kept from each job's last pass): jobs that
+    # could use GPUs freed anywhere, and the nodes each job's pods are on. A GPU pod ending or a
+    # node changing wakes only the jobs it can affect, not every loop of a 200-job operator.
+    wants_capacity: set[JobKey] = field(default_factory=set)
+    nodes_of: dict[JobKey, frozenset[str]] = field(default_factory=dict)
 
     def wake(self, key: JobKey) -> None:
         event = self.wakers.get(key)
         if event is not None:
             event.set()
 
-    def wake_all(self) -> None:
-        for event in self.wakers.values():
-            event.set()
+    def wake_for_capacity(self) -> None:
+        """GPUs are being freed: the jobs waiting for capacity (or able to grow) may fit now."""
+        for key in list(self.wants_capacity):
+            self.wake(key)
+
+    def wake_for_node(self, node: str) -> None:
+        """A node changed: the jobs with pods on it, and those waiting for capacity."""
+        self.wake_for_capacity()
+        for key, nodes in list(self.nodes_of.items()):
+            if node in nodes:
+                self.wake(key)
+
+    def note(self, key: JobKey, wants_capacity: bool, nodes: frozenset[str]) -> None:
+        """Record what the job's last pass showed it depends on."""
+        if wants_capacity:
+            self.wants_capacity.add(key)
+        else:
+            self.wants_capacity.discard(key)
+        self.nodes_of[key] = nodes
+
+    def forget(self, key: JobKey) -> None:
+        self.wakers.pop(key, None)
+        self.written.pop(key, None)
+        self.wants_capacity.discard(key)
+        self.nodes_of.pop(key, None)
 
 
 class LazyPlanner:
@@ -131,8 +158,7 @@ class JobLoop:
                     await asyncio.wait_for(event.wait(), timeout)
                 await asyncio.sleep(COALESCE_SECONDS)
         finally:
-            self.op.wakers.pop(self.key, None)
-            self.op.written.pop(self.key, None)
+            self.op.forget(self.key)
             METRICS.job_phase(*self.key, None)
 
     async def pass_once(self, pods: kopf.Index[str, Any], nodes: kopf.Index[str, Any]) -> float | None:
@@ -156,7 +182,7 @@ class JobLoop:
         for fresh_read in (False, True):
             async with self.op.plan_lock:
                 node_list, pod_list = _values(nodes), _values(pods)
-                decision = await asyncio.to_thread(
+                decision, nodes_used = await asyncio.to_thread(
                     self._decide, spec, status, node_list, pod_list, ckpt, table, problem)
                 stale = (spec.checkpoint is not None and not fresh_read
                          and (decision.launch is not None or decision.relabel is not None)
@@ -193,16 +219,23 @@ class JobLoop:
                      f"attempt {launch.attempt} x{len(launch.only or launch.assignments)}" if launch else "-",
                      len(decision.release), decided - started, written - decided, acted - written)
         self._observe_metrics(decision, ckpt)
+        self.op.note(self.key, wants_capacity(decision.status, spec), nodes_used)
         METRICS.reconcile.observe(time.perf_counter() - started)
         return decision.requeue_after
 
     def _decide(self, spec: TrainingJobSpec, status: TrainingJobStatus,
                 nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
                 ckpt: CheckpointView | None, table: rec.RankTable | None,
-                problem: tuple[str, str] | None) -> rec.Decision:
-        """Snapshot and decide (pure, CPU only): run in a worker thread under the plan lock."""
+                problem: tuple[str, str] | None) -> tuple[rec.Decision, frozenset[str]]:
+        """Snapshot and decide (pure, CPU only): run in a worker thread under the plan lock.
+        Also returns the nodes the job's pods are on or planned for (what wakes it)."""
         snapshot = Snapshot.take(nodes, pods, self.op.ledger)
-        return rec.reconcile(self._observed(spec, status, snapshot, ckpt, table, problem))
+        obs = self._observed(spec, status, snapshot, ckpt, table, problem)
+        decision = rec.reconcile(obs)
+        used = {p.node or p.planned_node for p in obs.pods}
+        if decision.launch is not None:
+            used |= set(decision.launch.assignments.values())
+        return decision, frozenset(used - {""})
 
     def _observed(self, spec: TrainingJobSpec, status: TrainingJobStatus, snapshot: Snapshot,
                   ckpt: CheckpointView | None, table: rec.RankTable | None,
@@ -298,6 +331,18 @@ class JobLoop:
         if ckpt is not None and ckpt.time is not None:
             age = (datetime.now(UTC) - ckpt.time).total_seconds()
             METRICS.checkpoint_age.labels(namespace, name).set(max(0.0, age))
+
+
+def wants_capacity(status: TrainingJobStatus, spec: TrainingJobSpec) -> bool:
+    """Whether GPUs freed anywhere, or any node changing, may let this job move on: every job
+    that is not Running (waiting to be placed, recovering, starting), and a Running job below its
+    wanted data degree (it may grow). A finished job, or one Running at full size, needs neither."""
+    if status.phase in ("Succeeded", "Failed"):
+        return False
+    if status.phase != "Running":
+        return True
+    running = status.parallelism.data if status.parallelism else None
+    return running is not None and running < spec.parallelism.data
 
 
 def _values(index: kopf.Index[str, Any]) -> Iterable[Mapping[str, Any]]:

@@ -77,7 +77,7 @@ async def pod_event(body: kopf.Body, type: str | None, **_: Any) -> None:
         op.wake(key)
     phase = body.get("status", {}).get("phase")
     if type == "DELETED" or phase in ("Succeeded", "Failed") or body.get("metadata", {}).get("deletionTimestamp"):
-        op.wake_all()  # GPUs are being freed: waiting jobs may fit now
+        op.wake_for_capacity()  # GPUs are being freed: waiting jobs may fit now
 
 
 @kopf.on.event("nodes")
@@ -92,7 +92,7 @@ async def node_event(body: kopf.Body, type: str | None, **_: Any) -> None:
             repr(sorted(slim["status"]["allocatable"].items())), repr(sorted(slim["metadata"]["labels"].items())))
     if _NODE_SEEN.get(name) != seen:
         _NODE_SEEN[name] = seen
-        op.wake_all()
+        op.wake_for_node(name)
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=2.0)
