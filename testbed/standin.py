@@ -12,7 +12,10 @@ soak can run many jobs on two cores:
   that step's checkpoint), writes progress.json every step and, every
   `intervalSteps`, a checkpoint (one `state.json` shard, then COMMITTED,
   then retention), all through topotrain.checkpoints so the layout is the
-  real one;
+  real one; a new `topotrain.io/checkpoint-request` value in the control
+  file is served like the trainer serves it (a save of the current step whose
+  COMMITTED and heartbeat name the request), so a resize goes the
+  checkpoint-first way without waiting for the bound;
 - the "loss" of step n is a pure function of the state chain
   seed -> step 1 -> ... -> step n, so a run resumed from the right committed
   checkpoint prints exactly the losses of an uninterrupted run, and one
@@ -155,13 +158,18 @@ def _retry(what: str, call: Any) -> Any:
 
 
 def run_rank0(env: Any, config: dict[str, Any]) -> int:
-    from topotrain.checkpoints import CheckpointStore
+    from topotrain.checkpoints import CheckpointStore, ServedRequest
+    from topotrain.contract import CHECKPOINT_REQUEST, control_path, read_control
 
     steps, pace = int(config.get("steps", 100)), float(config.get("stepSeconds", 1.0))
     seed = int(config.get("seed", 0))
     store = CheckpointStore(env.checkpoint_uri)
     state, start = seed, 1
+    served: ServedRequest | None = None  # the last checkpoint request this run's state served
     if env.resume_step is not None:
+        resumed = _retry("commit", lambda: store.read_commit(env.resume_step))
+        if resumed is not None and resumed.request:
+            served = ServedRequest(resumed.request, env.resume_step)
         body = _retry("load", lambda: store.client.get_object(
             Bucket=store.bucket, Key=f"{store.step_key(env.resume_step)}/{STATE_SHARD}")["Body"].read())
         saved = json.loads(body)
@@ -182,17 +190,26 @@ def run_rank0(env: Any, config: dict[str, Any]) -> int:
             return EXIT_PEER_LOST
         state = next_state(seed, state, step)
         emit(event="step", step=step, loss=loss_of(state), attempt=env.attempt)
-        try:
-            store.write_progress(step, env.attempt)
-        except Exception as err:  # the heartbeat is best effort; the next step writes it again
-            emit(event="store-error", what="progress", error=str(err)[:200])
-        if env.checkpoint_interval and step % env.checkpoint_interval == 0:
+        # A checkpoint request (the operator's annotation, read through the control file, as the
+        # trainer does at every step boundary): save this step, naming the request, and go on.
+        asked = read_control(control_path()).get(CHECKPOINT_REQUEST, "")
+        requested = bool(asked) and (served is None or asked != served.value)
+        periodic = bool(env.checkpoint_interval) and step % env.checkpoint_interval == 0
+        if periodic or requested:
             doc = json.dumps({"step": step, "state": state}).encode()
             key = f"{store.step_key(step)}/{STATE_SHARD}"
+            if requested:
+                served = ServedRequest(asked, step)
+            request = served.value if served is not None else ""
             _retry("shard", lambda k=key, d=doc: store.client.put_object(Bucket=store.bucket, Key=k, Body=d))
-            _retry("commit", lambda s=step, d=doc: store.write_commit(s, {"dp": env.data}, len(d)))
+            _retry("commit", lambda s=step, d=doc, r=request: store.write_commit(
+                s, {"dp": env.data}, len(d), request=r))
             _retry("retention", lambda: store.apply_retention(env.checkpoint_keep))
-            emit(event="commit", step=step, attempt=env.attempt)
+            emit(event="commit", step=step, attempt=env.attempt, request=asked if requested else "")
+        try:
+            store.write_progress(step, env.attempt, request=served)
+        except Exception as err:  # the heartbeat is best effort; the next step writes it again
+            emit(event="store-error", what="progress", error=str(err)[:200])
     for conn in conns:
         with contextlib.suppress(OSError):
             conn.sendall(b"done\n")

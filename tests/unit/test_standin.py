@@ -7,6 +7,8 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -32,3 +34,36 @@ def test_a_peer_losing_rank_0_exits_peer_lost(reset: bool) -> None:
     thread.start()
     assert run_peer("127.0.0.1", server.getsockname()[1], rank=1) == EXIT_PEER_LOST
     thread.join()
+
+
+def test_rank0_serves_a_checkpoint_request_once_and_remembers_it_across_a_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stand-in serves the operator's checkpoint request like the trainer: a save of the
+    step it reached, whose COMMITTED and heartbeat name the request; never twice, not even by
+    the attempt that resumed from that save (so the soak's resizes go checkpoint-first)."""
+    import topotrain.checkpoints as checkpoints
+    from topotrain.checkpoints import CheckpointStore, ServedRequest
+
+    from testbed.standin import run_rank0
+    from tests.unit.test_checkpoints import FakeS3Client
+
+    client = FakeS3Client()
+    monkeypatch.setattr(checkpoints, "CheckpointStore",
+                        lambda uri: CheckpointStore(uri, client=client))  # type: ignore[arg-type]
+    (tmp_path / "annotations").write_text('topotrain.io/checkpoint-request="resize-0-x"\n')
+    monkeypatch.setenv("TOPOTRAIN_CONTROL_DIR", str(tmp_path))
+    env = SimpleNamespace(checkpoint_uri="s3://ckpt/ns/job", resume_step=None, attempt=0, data=1,
+                          nnodes=1, master_port=0, checkpoint_interval=0, checkpoint_keep=3)
+    config = {"steps": 4, "stepSeconds": 0, "seed": 7}
+    assert run_rank0(env, config) == 0
+    store = CheckpointStore("s3://ckpt/ns/job", client=client)  # type: ignore[arg-type]
+    assert store.step_dirs() == [1]  # served at the first step boundary, once
+    commit, progress = store.read_commit(1), store.read_progress()
+    assert commit is not None and commit.request == "resize-0-x"
+    assert progress is not None and progress.checkpoint_request == ServedRequest("resize-0-x", 1)
+    # The next attempt resumes from the served step with the annotation still there: no new save.
+    assert run_rank0(SimpleNamespace(**{**vars(env), "resume_step": 1, "attempt": 1}), config) == 0
+    assert store.step_dirs() == [1]
+    progress = store.read_progress()
+    assert progress is not None and progress.step == 4 and progress.checkpoint_request == ServedRequest("resize-0-x", 1)
