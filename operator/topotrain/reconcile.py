@@ -365,9 +365,12 @@ def _roll_for_spec_change(
     obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
     current: list[policy.PodView],
 ) -> bool:
-    """The spec's pod template changed: restart the gang on it from the latest checkpoint.
+    """The spec's pod template changed: restart the gang on it, losing no step.
 
-    Pods without the template annotation (made by an older operator) are taken as current.
+    A checkpoint of the running gang comes first (planned.py, as for a resize): the new
+    template resumes from the step the change was seen at, or from the last commit once the
+    request's bound passed. The old gang keeps training meanwhile. Pods without the template
+    annotation (made by an older operator) are taken as current.
     """
     stale = [p for p in current if p.template and obs.template and p.template != obs.template]
     if not stale:
@@ -375,9 +378,16 @@ def _roll_for_spec_change(
         return False
     if obs.config_problem is not None:
         return False  # a spec that cannot run yet: keep the running gang
+    wait = planned.checkpoint_first(sb, obs.checkpoint, current, attempt, "rollout", obs.now)
+    if not wait.ready:
+        decision.checkpoint_request, decision.requeue_after = wait.ask, wait.requeue_after
+        return True
     decision.delete += [p.name for p in current if not p.terminating]
-    sb.rolling(obs.generation, attempt + 1, obs.checkpoint.step if obs.checkpoint else None)
-    _launch(obs, sb, decision, attempt + 1)
+    resume = wait.resume_step
+    if resume is None and obs.checkpoint is not None:
+        resume = obs.checkpoint.step
+    sb.rolling(obs.generation, attempt + 1, resume)
+    _launch(obs, sb, decision, attempt + 1, resume=resume)
     return True
 
 

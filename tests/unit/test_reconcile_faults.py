@@ -238,18 +238,38 @@ def _templated(pods: tuple[PodView, ...], template: str) -> tuple[PodView, ...]:
     return tuple(replace(p, template=template) for p in pods)
 
 
-def test_a_pod_template_change_rolls_the_gang_from_the_latest_checkpoint() -> None:
+def test_a_pod_template_change_checkpoints_first_then_rolls_the_gang_from_that_step() -> None:
     obs = replace(running_job(), template="old", generation=1)
     d, obs = run(obs, pods=_templated(gang(0), "old"))
     assert d.launch is None and d.status.observed_generation == 1
     edited = replace(obs, template="new", generation=2)
-    d, _ = run(edited, pods=_templated(gang(0), "old"), now=at(30))
+    # 1. The running gang is asked for a checkpoint and keeps training: nothing deleted yet.
+    d, asked = run(edited, pods=_templated(gang(0), "old"), now=at(30))
+    assert not d.delete and d.launch is None and d.checkpoint_request is not None
+    value = d.checkpoint_request.value
+    assert value.startswith("rollout-0-") and len(d.checkpoint_request.pods) == 4
+    # 2. Its save of step 237 committed: the gang rolls onto the new template from there.
+    saved = replace(CKPT, step=237, request=value, request_step=237)
+    pods = tuple(replace(p, checkpoint_request=value) for p in _templated(gang(0), "old"))
+    d, _ = run(asked, pods=pods, now=at(33), checkpoint=saved)
     assert sorted(d.delete) == [f"job-0-{i}" for i in range(4)]
-    assert d.launch is not None and d.launch.attempt == 1 and d.launch.resume_step == 200
+    assert d.launch is not None and d.launch.attempt == 1 and d.launch.resume_step == 237
     recovering = d.status.condition(C.RECOVERING)
     assert recovering is not None and recovering.reason == Reason.SPEC_CHANGED
+    assert "from step 237" in recovering.message
     assert d.status.restarts == 0  # a roll is not a failure
     assert d.status.observed_generation == 2  # the new pods are built from generation 2
+
+
+def test_a_pod_template_change_rolls_from_the_latest_checkpoint_once_the_request_times_out() -> None:
+    obs = replace(running_job(), template="old", generation=1)
+    _, obs = run(obs, pods=_templated(gang(0), "old"))
+    edited = replace(obs, template="new", generation=2)
+    _, asked = run(edited, pods=_templated(gang(0), "old"), now=at(30))
+    d, _ = run(asked, pods=_templated(gang(0), "old"), now=at(30 + 121))  # a trainer that never serves
+    assert sorted(d.delete) == [f"job-0-{i}" for i in range(4)]
+    assert d.launch is not None and d.launch.resume_step == 200
+    assert Reason.CHECKPOINT_TIMED_OUT in [e[1] for e in d.events]
 
 
 def test_observed_generation_waits_while_old_pods_keep_running() -> None:
