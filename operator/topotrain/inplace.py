@@ -8,8 +8,8 @@ new pods only for the failed indices, on the same nodes.
 
 It applies when the failure is a trainer process (a pod Failed with a
 retryable exit code, a hang) or one pod deleted, the rest of the gang is
-Running on nodes that are Ready and not avoided, and the failed pod's node is
-too. Everything else recreates the gang as before: `failurePolicy.
+Running on nodes that are Ready, not cordoned and not avoided, and the failed
+pod's node is too. Everything else recreates the gang as before: `failurePolicy.
 restartInPlace: false`, the recreate strategy, a lost or NotReady node, an
 eviction or preemption, more than one pod to replace, a pod of the gang not
 Running, a checkpoint store that cannot be read, and a second failure before
@@ -65,7 +65,10 @@ def plan(
     pods = list(current)
 
     def healthy(node: str) -> bool:
-        return bool(node) and node in nodes and nodes[node].ready and node not in avoided
+        # A cordoned node takes no replacement pod (it would stay Pending on its pinned node) and
+        # is likely being drained: the gang moves off it once, by a recreate, not pod by pod.
+        return (bool(node) and node in nodes and nodes[node].ready and not nodes[node].cordoned
+                and node not in avoided)
 
     bad = [p for p in pods if p.phase == "Failed" or p.terminating]
     kept = [p for p in pods if p not in bad]
@@ -81,7 +84,7 @@ def plan(
     if not all(p.phase == "Running" and not p.gated and healthy(p.node) for p in kept):
         return None
     if not all(healthy(node) for node in replaced.values()):
-        return None  # a node gone, NotReady or avoided: the recreate re-plans
+        return None  # a node gone, NotReady, cordoned or avoided: the recreate re-plans
     return InPlacePlan(tuple(kept), replaced)
 
 

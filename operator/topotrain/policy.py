@@ -93,6 +93,7 @@ class NodeView:
 
     name: str
     ready: bool = True
+    cordoned: bool = False  # spec.unschedulable: a drain is likely to evict its pods next
 
 
 @dataclass(frozen=True)

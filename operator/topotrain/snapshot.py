@@ -174,7 +174,8 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
 
 def node_view(node: Mapping[str, Any]) -> NodeView:
     ready = any(c.get("status") == "True" for c in node["status"].get("conditions", []))
-    return NodeView(str(node["metadata"]["name"]), ready=ready)
+    cordoned = bool((node.get("spec") or {}).get("unschedulable"))
+    return NodeView(str(node["metadata"]["name"]), ready=ready, cordoned=cordoned)
 
 
 @dataclass

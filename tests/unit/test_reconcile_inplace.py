@@ -109,6 +109,14 @@ def test_fallbacks_recreate_the_gang() -> None:
     # a node NotReady
     nodes = {**obs.nodes, "n1": NodeView("n1", ready=False)}
     assert _recreates(run(obs, nodes=nodes, now=later)[0])
+    # a pod evicted by a drain: its node is cordoned, so no replacement is pinned there
+    drained = list(gang(0))
+    drained[1] = replace(drained[1], terminating=True)
+    cordoned = {**obs.nodes, "n1": NodeView("n1", cordoned=True)}
+    assert _recreates(run(obs, pods=tuple(drained), nodes=cordoned, now=later)[0])
+    # a crash while a kept pod's node is cordoned: the gang moves off it once
+    kept_cordoned = {**obs.nodes, "n2": NodeView("n2", cordoned=True)}
+    assert _recreates(run(obs, pods=crash(1), nodes=kept_cordoned, now=later)[0])
     # an eviction
     evicted = list(gang(0))
     evicted[1] = replace(evicted[1], phase="Failed", reason="Evicted")
