@@ -1,0 +1,289 @@
+"""The topotrain operator at scale: a job stream on a private testbed of N GPU nodes.
+
+    python bench/scale.py --nodes 500 1000 --jobs 40            # one row per fleet size
+    python bench/scale.py --plan-only --plan-nodes 10000 --plan-pods 1024
+
+Starts a private testbed (its own state directory under a temporary
+directory; a running `.testbed/` is untouched): the real kube-apiserver, etcd,
+kube-controller-manager and kube-scheduler, with KWOK playing the kubelets.
+For each `--nodes` value it creates that fleet (bench/scale_workload.py: two
+pools, blocks, racks, NVLink domains), installs the CRD, starts the operator
+as users run it (`topotrain run --standalone`, a subprocess with its defaults),
+and applies the same seeded stream of `--jobs` TrainingJobs (small, dense 3D,
+elastic and one big gang). No trainer runs: KWOK moves bound pods to Running,
+so a job is Running once the operator placed, created and released its gang
+and the scheduler bound it. Measured per fleet:
+
+- apply -> gang Running, p50/p95/p99 over the jobs that got there: from the
+  benchmark's own clock just before the create call (creationTimestamp is
+  whole seconds; the create comes a few milliseconds after) to the watch event
+  that first showed `status.phase: Running`; the big gang's alone as well;
+- admissions per minute: jobs reaching Running over first apply -> last Running;
+- reconcile pass p50/p99: `topotrain_reconcile_seconds` from the operator's
+  metrics endpoint, interpolated within its buckets (5 ms ... 5 s);
+- operator CPU seconds over the run and peak RSS (VmHWM), from /proc;
+- API requests per job: the operator reaches the API server through a counting
+  proxy (bench/scale_probes.py), since `apiserver_request_total` cannot tell
+  its requests from the other clients'; `--no-proxy` connects it directly;
+- jobs that did not reach Running, each with the condition that says why (the
+  run fails when a job has none).
+
+Each size after the first gets a ratio row against the first. Times on a busy
+machine are noisy: compare sizes within one run. `--plan-nodes/--plan-pods`
+also times the planner alone (`planning.PlacementPlanner`, as the operator
+calls it) on a generated cluster, repeats and p99; the target is p99 < 1 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from scale_plan import plan_rows, print_plan_table
+from scale_probes import JobRecord, JobRecorder, RequestCounter
+from scale_runner import OperatorRun, install_crd, make_namespace, remove_namespace
+from scale_workload import JobShape, big_gang_pods, fleet, job_stream
+
+from testbed.cluster import Testbed
+from testbed.kube import api_client
+from testbed.nodes import apply_topology, delete_topology, wait_nodes_ready
+
+WHY_TYPES = ("ConfigValid", "PodsCreated", "Schedulable", "Ready")
+COLUMNS = ("nodes", "jobs", "pods", "Running", "p50 s", "p95 s", "p99 s", "big gang s", "admissions/min",
+           "reconcile p50 ms", "reconcile p99 ms", "passes", "operator CPU s", "operator peak RSS MiB",
+           "API requests/job")  # fmt: skip
+
+
+@dataclass
+class SizeResult:
+    nodes: int
+    shapes: list[JobShape]
+    records: list[JobRecord]
+    reconcile_p50: float = float("nan")
+    reconcile_p99: float = float("nan")
+    passes: float = 0.0
+    cpu_s: float = float("nan")
+    rss_mib: float = float("nan")
+    requests: Counter[tuple[str, str]] | None = None
+    nodes_ready_s: float = 0.0
+    waiting: list[tuple[str, str, str]] = field(default_factory=list)  # name, phase, why ("" = none)
+    pass_phases: dict[str, list[float]] = field(default_factory=dict)  # of passes that changed pods
+
+    def latencies(self, kind: str | None = None) -> list[float]:
+        kinds = {s.name: s.kind for s in self.shapes}
+        return sorted(r.running - r.applied for r in self.records
+                      if r.running is not None and (kind is None or kinds.get(r.name) == kind))
+
+    def admissions_per_minute(self) -> float:
+        done = [r.running for r in self.records if r.running is not None]
+        if not done:
+            return 0.0
+        span = max(done) - min(r.applied for r in self.records)
+        return len(done) * 60 / span if span > 0 else float("nan")
+
+    def row(self) -> list[float]:
+        lat, big = self.latencies(), self.latencies("big")
+        per_job = sum(self.requests.values()) / len(self.shapes) if self.requests is not None else float("nan")
+        return [self.nodes, len(self.shapes), sum(s.pods for s in self.shapes), len(lat),
+                percentile(lat, 0.5), percentile(lat, 0.95), percentile(lat, 0.99),
+                big[0] if big else float("nan"), self.admissions_per_minute(),
+                self.reconcile_p50 * 1000, self.reconcile_p99 * 1000, self.passes,
+                self.cpu_s, self.rss_mib, per_job]  # fmt: skip
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def why_not_running(record: JobRecord) -> str:
+    """The condition that says why a job is not Running ("" when none does)."""
+    by_type = {c.get("type"): c for c in record.conditions}
+    for kind in WHY_TYPES:
+        cond = by_type.get(kind)
+        if cond and cond.get("status") != "True" and cond.get("reason"):
+            return f"{kind}={cond['status']} {cond['reason']}: {cond.get('message', '')}"
+    return ""
+
+
+def run_size(bed: Testbed, proxy: RequestCounter | None, run: int, nodes: int, shapes: list[JobShape],
+             args: argparse.Namespace, clean_up: bool = True) -> SizeResult:
+    """One fleet: nodes, operator, the job stream, the measurements; then stop the operator and
+    (unless the testbed goes down next: `clean_up` False) remove the namespace and the nodes."""
+    namespace, prefix = f"bench-{run}-{nodes}", f"r{run}-"
+    with ExitStack() as stack, api_client(bed.kubeconfig) as api:
+        topology = fleet(nodes, prefix)
+        start = time.monotonic()
+        names = apply_topology(bed.kubeconfig, topology)
+        if clean_up:
+            stack.callback(delete_topology, bed.kubeconfig, str(topology["name"]))
+        wait_nodes_ready(bed.kubeconfig, names, timeout=900)
+        ready_s = time.monotonic() - start
+        make_namespace(api, namespace)
+        if clean_up:
+            stack.callback(remove_namespace, api, namespace)
+        operator = OperatorRun(bed, namespace, proxy)
+        stack.callback(operator.stop)
+        operator.start(timeout=180)
+        recorder = JobRecorder(api, namespace)
+        stack.callback(recorder.close)
+        print(f"[{nodes} nodes] Ready in {ready_s:.0f}s; operator up; applying {len(shapes)} jobs",
+              file=sys.stderr, flush=True)
+        before_requests = proxy.snapshot() if proxy else None
+        cpu_before = operator.usage()[0]
+        apply_stream(api, namespace, str(topology["name"]), shapes, recorder)
+        wait_settled(recorder, len(shapes), args.settle, args.timeout)
+        result = SizeResult(nodes, shapes, recorder.records(), nodes_ready_s=ready_s)
+        result.reconcile_p50, result.reconcile_p99, result.passes = operator.reconcile_quantiles()
+        cpu_after, result.rss_mib = operator.usage()
+        result.pass_phases = operator.pass_phases()
+        result.cpu_s = cpu_after - cpu_before
+        if proxy is not None and before_requests is not None:
+            result.requests = proxy.snapshot() - before_requests
+        result.waiting = [(r.name, r.phase or "-", why_not_running(r))
+                          for r in result.records if r.running is None]
+        if any(not why for _, _, why in result.waiting):
+            print(f"--- operator log ---\n{operator.tail(30)}", file=sys.stderr)
+    return result
+
+
+def apply_stream(api: client.ApiClient, namespace: str, topology: str, shapes: list[JobShape],
+                 recorder: JobRecorder) -> None:
+    custom = client.CustomObjectsApi(api)
+    origin = time.monotonic()
+    for shape in shapes:
+        delay = origin + shape.at - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        recorder.applied(shape.name, time.time())
+        try:
+            custom.create_namespaced_custom_object("topotrain.io", "v1alpha1", namespace, "trainingjobs",
+                                                   shape.manifest(namespace, topology))
+        except ApiException as exc:
+            raise RuntimeError(f"the API server refused {shape.name}: {exc.body}") from None
+
+
+def wait_settled(recorder: JobRecorder, jobs: int, settle: float, timeout: float) -> None:
+    """Until every job is Running, or those that are not have said why and nothing changed for
+    `settle` seconds, or `timeout` seconds passed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        records = recorder.records()
+        waiting = [r for r in records if r.running is None]
+        if len(records) == jobs and not waiting:
+            return
+        quiet = time.time() - recorder.last_change > settle
+        if len(records) == jobs and quiet and all(why_not_running(r) for r in waiting):
+            return
+        time.sleep(0.25)
+
+
+def fmt(value: float) -> str:
+    if value != value:  # NaN
+        return "-"
+    digits = 0 if float(value).is_integer() or abs(value) >= 100 else 1 if abs(value) >= 10 else 2
+    return f"{value:.{digits}f}"
+
+
+def print_table(results: list[SizeResult]) -> None:
+    print("| " + " | ".join(COLUMNS) + " |")
+    print("|" + "|".join("---:" for _ in COLUMNS) + "|")
+    rows = [r.row() for r in results]
+    for row in rows:
+        print("| " + " | ".join(fmt(v) for v in row) + " |")
+    base = rows[0]
+    for row in rows[1:]:
+        cells = [f"{v / b:.2f}x" if b and b == b and v == v else "-" for v, b in zip(row, base, strict=True)]
+        print(f"| ratio {fmt(row[0])}/{fmt(base[0])} | " + " | ".join(cells[1:]) + " |")
+    for result in results:
+        for name, phase, why in result.waiting:
+            print(f"not Running at {result.nodes} nodes: {name} ({phase}): {why or 'NO CONDITION SAYS WHY'}")
+        phases = result.pass_phases
+        if phases and phases["act"]:
+            parts = ", ".join(f"{name} p50 {percentile(v, 0.5):.2f} s max {max(v):.2f} s"
+                              for name, v in phases.items())
+            print(f"passes that changed pods at {result.nodes} nodes ({len(phases['act'])}): {parts}")
+        if result.requests:
+            top = ", ".join(f"{verb} {res} {n}" for (verb, res), n in result.requests.most_common(8))
+            print(f"operator API requests at {result.nodes} nodes ({sum(result.requests.values())}): {top}")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, nargs="+", default=[500, 1000], help="fleet sizes, in order")
+    parser.add_argument("--jobs", type=int, default=40)
+    parser.add_argument("--big-pods", type=int, help="pods of the big gang (default 128; 1/4 of small fleets)")
+    parser.add_argument("--interval", type=float, default=1.0, help="mean seconds between arrivals")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--settle", type=float, default=15.0,
+                        help="seconds without a status change after which waiting jobs count as settled")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait after the last arrival")
+    parser.add_argument("--no-proxy", action="store_true", help="operator straight to the API server")
+    parser.add_argument("--node-lease-seconds", type=int, default=200)
+    parser.add_argument("--plan-nodes", type=int, nargs="*", default=[10000])
+    parser.add_argument("--plan-pods", type=int, default=1024)
+    parser.add_argument("--plan-repeats", type=int, default=20)
+    parser.add_argument("--plan-used", type=float, nargs="+", default=[0.0, 0.5],
+                        help="fractions of the planner cluster's GPUs held by other pods")
+    parser.add_argument("--plan-only", action="store_true", help="only the planner measurement")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    results: list[SizeResult] = []
+    if not args.plan_only:
+        big = args.big_pods or big_gang_pods(min(args.nodes))
+        shapes = job_stream(args.jobs, big, args.interval, args.seed)
+        with ExitStack() as stack:
+            state = stack.enter_context(tempfile.TemporaryDirectory(prefix="topotrain-scale-"))
+            bed = Testbed(state, node_lease_seconds=args.node_lease_seconds)
+            stack.callback(bed.down)
+            start = time.monotonic()
+            bed.up()
+            print(f"control plane up in {time.monotonic() - start:.0f}s (state {state})", file=sys.stderr)
+            with api_client(bed.kubeconfig) as api:
+                install_crd(api)
+            proxy = None
+            if not args.no_proxy:
+                proxy = RequestCounter(("127.0.0.1", bed.ports().apiserver), bed.layout.pki)
+                stack.callback(proxy.close)
+            for run, nodes in enumerate(args.nodes):
+                last = run == len(args.nodes) - 1
+                results.append(run_size(bed, proxy, run, nodes, shapes, args, clean_up=not last))
+        print(f"\n### Operator at scale: {args.jobs} jobs (seed {args.seed}, big gang {big} pods, "
+              f"mean arrival gap {args.interval:g} s)\n")
+        print_table(results)
+    if args.plan_nodes:
+        print(f"\n### Planner alone: a {args.plan_pods}-pod gang (tensor 8, pipeline 8, 8 GPUs a pod)\n")
+        print_plan_table(plan_rows(args.plan_nodes, args.plan_pods, args.plan_used, args.plan_repeats, args.seed))
+    unexplained = [name for r in results for name, _, why in r.waiting if not why]
+    return 1 if unexplained else 0
+
+
+if __name__ == "__main__":
+    # A TERM (or timeout) still stops the operator and the private testbed through `finally`.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
+    sys.exit(130)
