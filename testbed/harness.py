@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import threading
 import time
@@ -81,6 +82,8 @@ LOST_EXIT_CODE = 137
 __all__ = ["PodExit", "PodLaunch", "PodProcessHarness", "PodRun", "json_lines"]
 MAX_GRACE_SECONDS = 10.0
 STRATEGIC = "application/strategic-merge-patch+json"
+HOLD_FINALIZER = "testbed.topotrain.io/processes"  # see PodProcessHarness.hold_terminating
+HOLD_ENV = "TOPOTRAIN_HARNESS_HOLD_TERMINATING"  # "1": hold_terminating by default
 
 log = logging.getLogger("topotrain.testbed.harness")
 
@@ -102,12 +105,20 @@ class PodProcessHarness:
         namespace: str | None = None,
         label_selector: str = JOB_LABEL,
         interval: float = 0.5,
+        hold_terminating: bool | None = None,
     ) -> None:
         self.kubeconfig = Path(kubeconfig)
         self.workdir = Path(workdir).resolve()
         self.namespace = namespace
         self.label_selector = label_selector
         self.interval = interval
+        # Keep a deleted pod's object (Terminating) until its processes have exited, as a kubelet
+        # does: KWOK deletes a pod the moment it has a deletionTimestamp, so without this the
+        # operator sees an evicted pod gone while its trainer still saves its SIGTERM checkpoint.
+        # A finalizer of ours on each pod that runs, removed when its processes are gone.
+        if hold_terminating is None:
+            hold_terminating = os.environ.get(HOLD_ENV, "") == "1"
+        self.hold_terminating = hold_terminating
         self.exits: list[PodExit] = []
         self.launches: list[PodLaunch] = []
         self._runs: dict[str, PodRun] = {}
@@ -248,6 +259,8 @@ class PodProcessHarness:
         code = run.process.poll()
         if run.kill_deadline is not None:
             if code is not None and not group_alive(run.pgid):
+                if self.hold_terminating and pod is not None and not run.lost:
+                    self._report_exit(run, pod, code)  # as a kubelet reports a stopped container
                 self._forget(run)
             elif time.monotonic() > run.kill_deadline:
                 self._kill(run, signal.SIGKILL)
@@ -338,6 +351,8 @@ class PodProcessHarness:
             now(),
             downward=downward,
         )
+        if self.hold_terminating:
+            self._finalizer(namespace, name, {"finalizers": [HOLD_FINALIZER]})
         self.launches.append(PodLaunch(namespace, name, job, attempt, spec["nodeName"], time.time()))
         log.info(
             "harness: started pod %s/%s on %s as pid %d",
@@ -392,6 +407,17 @@ class PodProcessHarness:
         run.process.poll()
         self._runs.pop(run.uid, None)
         run.pid_file.unlink(missing_ok=True)
+        if self.hold_terminating:  # its processes are gone: the pod object may go too
+            self._finalizer(run.namespace, run.name, {"$deleteFromPrimitiveList/finalizers": [HOLD_FINALIZER]})
+
+    def _finalizer(self, namespace: str, name: str, meta_patch: dict[str, Any]) -> None:
+        try:
+            core_v1(self._api).patch_namespaced_pod(
+                name, namespace, {"metadata": meta_patch}, _content_type=STRATEGIC, _preload_content=False
+            )
+        except ApiException as err:
+            if err.status != 404:  # a pod already gone needs nothing
+                log.warning("harness: pod %s/%s: finalizer patch failed: %s", namespace, name, err)
 
     def _kill_leftovers(self) -> None:
         for pgid in kill_recorded(self.workdir / "pids"):

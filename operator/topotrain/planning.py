@@ -80,7 +80,9 @@ class PlacementPlanner:
         self, previous: Mapping[int, str], lost: frozenset[str], low: int, high: int
     ) -> PlanOutcome:
         request = self._request(low, high)
-        if not request.allows(high):  # running at a degree the rule forbids: start afresh
+        if not request.allows(high) or not request.whole_replicas(len(previous)):
+            # running at a degree the rule forbids, or no record of where part of a replica
+            # ran: start afresh
             return replace(self.plan(low, high), mode="full")
         recovery = placement.replan_recovery(request, self.inventory, previous, lost)
         if recovery.feasible:

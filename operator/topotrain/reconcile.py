@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from topotrain import elastic, inplace, planned, policy
 from topotrain.api import TrainingJobSpec
 from topotrain.planning import Planner, PlanOutcome
-from topotrain.reconcile_status import REFUSAL_REASONS, CheckpointView, StatusBuilder, iso
+from topotrain.reconcile_status import REFUSAL_REASONS, CheckpointView, StatusBuilder, iso, parse
 from topotrain.status import ConditionType as C
 from topotrain.status import Reason, TrainingJobStatus
 
@@ -428,10 +428,38 @@ def _blocking(obs: Observed, attempt: int, nodes: set[str]) -> bool:
     )
 
 
+def _still_saving(obs: Observed, current: list[policy.PodView]) -> float:
+    """Seconds to wait before restarting a gang whose pods someone is deleting gracefully.
+
+    An evicted or deleted pod gets SIGTERM and its grace period; the bundled trainer saves the
+    current step in it (docs/trainer.md). Restarting at once would resume from the last periodic
+    commit and throw that save away, so the restart waits while a pod of the attempt is still
+    Terminating on a Ready node, at most until its deletionTimestamp (when the kubelet kills it).
+    Not for a job without checkpoints, nor for pods on lost nodes (their kubelet is gone).
+    """
+    if obs.checkpoint is None or not obs.checkpoint.reachable:
+        return 0.0
+    left = 0.0
+    for pod in current:
+        if not pod.terminating or pod.phase in ("Failed", "Succeeded") or not pod.stop_deadline:
+            continue
+        node = obs.nodes.get(pod.where)
+        if node is None or not node.ready:
+            continue
+        left = max(left, (parse(pod.stop_deadline) - obs.now).total_seconds())
+    return left
+
+
 def _on_failure(
     obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
     current: list[policy.PodView], failure: policy.Failure,
 ) -> None:
+    if failure.reason == Reason.POD_DELETED and (saving := _still_saving(obs, current)) > 0:
+        # Nothing is recorded yet: the next pass sees the same failure, once the pods are gone.
+        sb.set(C.READY, False, failure.reason,
+               f"{failure.message}; waiting up to {saving:.0f}s for the stopping pods' checkpoint")
+        decision.requeue_after = min(saving, WAIT_SHORT)
+        return
     used = policy.used_budgets(sb.status.restarts, sb.status.restarts_by_class)
     verdict = policy.decide(failure, used, obs.spec.failure_policy)
     sb.record_failure(failure, obs.spec.failure_policy)
@@ -449,6 +477,11 @@ def _on_failure(
     decision.restart_reason = failure.reason
     sb.restarting(verdict, attempt + 1, failure.kind)
     previous = {p.index: p.where for p in current if p.where}
+    table = obs.rank_table
+    if table is not None and table.attempt == attempt:
+        # Pods that vanished (deleted, evicted) are no longer in `current`: the attempt's
+        # placement says where they ran, so the re-plan sees the whole gang.
+        previous = {**table.assignments, **previous}
     if verdict.delay_seconds > 0 or obs.strategy != "incremental":
         decision.requeue_after = verdict.delay_seconds or WAIT_SHORT
         return

@@ -159,6 +159,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         node=str(spec.get("nodeName") or ""),
         gated=any(g.get("name") == GANG_GATE for g in spec.get("schedulingGates") or []),
         terminating=bool(meta.get("deletionTimestamp")),
+        stop_deadline=str(meta.get("deletionTimestamp") or ""),
         exit_code=int(first["exitCode"]) if first else None,
         reason=str(status.get("reason") or (first or {}).get("reason") or ""),
         message=message,

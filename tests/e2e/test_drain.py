@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from topotrain_trainer.config import TrainingConfig
 
+from testbed.harness import HOLD_ENV
 from testbed.harness_stack import Stack, step_losses
 from testbed.kube import Kube
 from testbed.procs import wait_until
@@ -38,6 +39,13 @@ from tests.trainer.reference import reference_run
 # Longer than the shared 12-step run, so that the drain lands mid-training on a quiet machine
 # too (the eviction reaches the ranks a second or two after `kubectl drain` starts).
 STEPS = 40
+
+
+@pytest.fixture(autouse=True)
+def kubelet_like_deletion(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The harness keeps an evicted pod Terminating until its processes exit, as a kubelet does
+    (KWOK alone deletes it at once, and the operator would not see the save in flight)."""
+    monkeypatch.setenv(HOLD_ENV, "1")
 
 
 @pytest.fixture

@@ -125,3 +125,18 @@ def test_data_multiple_bounds_elastic_sizing_for_a_trainer_of_ones_own() -> None
     planner = PlacementPlanner(spec, Inventory.from_snapshot(h100(7), []))
     outcome = planner.plan(*bounds(spec.parallelism))  # room for 3 replicas
     assert outcome.feasible and outcome.data == 2
+
+
+def test_a_recovery_replan_from_part_of_a_replica_plans_afresh_instead_of_raising() -> None:
+    """A drain evicted the gang's pods one by one: a pass saw 3 of 4 two-GPU pods of a tp2 x pp2
+    gang (CI: 'RequestError: 3 pods of 2 GPUs is not a whole number of replicas' failed the pass)."""
+    spec = TrainingJobSpec.model_validate({
+        "image": "trainer:1", "parallelism": {"tensor": 2, "pipeline": 2, "data": 2},
+        "worker": {"gpusPerPod": 2},
+    })  # fmt: skip
+    planner = PlacementPlanner(spec, Inventory.from_snapshot(h100(2), []))
+    running = planner.plan(2, 2)
+    assert running.feasible and len(running.assignments) == 4
+    partial = {i: n for i, n in running.assignments.items() if i != 0}
+    outcome = planner.replan(partial, frozenset(), 2, 2)
+    assert outcome.feasible and outcome.mode == "full" and len(outcome.assignments) == 4

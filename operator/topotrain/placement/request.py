@@ -60,6 +60,11 @@ class GangRequest:
     def pods(self, data: int | None = None) -> int:
         return self.tensor * self.pipeline * (self.data if data is None else data) // self.gpus_per_pod
 
+    def whole_replicas(self, pods: int) -> bool:
+        """`pods` pods hold a whole, non-zero number of model replicas."""
+        gpus, per_replica = pods * self.gpus_per_pod, self.tensor * self.pipeline
+        return gpus >= per_replica and gpus % per_replica == 0
+
     def fits_pods(self, data: int) -> bool:
         """Whole pods at this data degree."""
         return (self.tensor * self.pipeline * data) % self.gpus_per_pod == 0
