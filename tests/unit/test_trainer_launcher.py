@@ -49,3 +49,25 @@ def test_help_prints_usage_and_trains_nothing() -> None:
     wrong = subprocess.run([sys.executable, "-m", "topotrain_trainer", "--steps", "3"], env=ENV,
                            capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 78 and "unknown arguments" in wrong.stderr
+
+
+def test_a_pipeline_stage_wrapping_the_transport_error_is_a_lost_peer() -> None:
+    """torch's pipeline stage re-raises gloo's 'Connection reset by peer' as its own
+    '[Stage 0] failed to run forward' (CI: the kept pod's rank exited 1, not 76, and an
+    in-place restart became a recreate). A rank's own error stays its own."""
+    from topotrain_trainer.__main__ import peer_lost
+
+    def wrapped(inner: BaseException) -> RuntimeError:
+        try:
+            try:
+                raise inner
+            except RuntimeError as err:
+                raise RuntimeError("\n[Stage 0] failed to run forward:\nargs: ...") from err
+        except RuntimeError as outer:
+            return outer
+
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:2432: "
+                        "Connection reset by peer. This is typically caused by a remote worker")
+    assert peer_lost(wrapped(gloo))
+    assert not peer_lost(wrapped(RuntimeError("mat1 and mat2 shapes cannot be multiplied")))
+    assert not peer_lost(ValueError("bad batch"))

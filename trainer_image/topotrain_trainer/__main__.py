@@ -73,12 +73,23 @@ PEER_LOSS_MARKERS = (
 
 
 def peer_lost(err: BaseException) -> bool:
-    """A collective failed because a rank elsewhere went away, not from this rank's own fault."""
+    """A collective failed because a rank elsewhere went away, not from this rank's own fault.
+
+    The whole cause chain is read: torch's pipeline stages wrap the transport's error in their
+    own ("[Stage 0] failed to run forward", raised `from` the gloo error).
+    """
     import torch.distributed as dist
 
-    if isinstance(err, (dist.DistNetworkError, dist.DistStoreError)):
-        return True
-    return isinstance(err, RuntimeError) and any(m in str(err) for m in PEER_LOSS_MARKERS)
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, (dist.DistNetworkError, dist.DistStoreError)):
+            return True
+        if isinstance(cause, RuntimeError) and any(m in str(cause) for m in PEER_LOSS_MARKERS):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def train_rank(env: TrainerEnv, config: TrainingConfig) -> int:
