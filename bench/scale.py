@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import signal
 import sys
 import tempfile
@@ -57,6 +58,7 @@ from scale_plan import plan_rows, print_plan_table
 from scale_probes import JobRecord, JobRecorder, RequestCounter
 from scale_runner import OperatorRun, install_crd, make_namespace, remove_namespace
 from scale_workload import JobShape, big_gang_pods, fleet, job_stream
+from topotrain.metrics import RECONCILE_BUCKETS
 
 from testbed.cluster import Testbed
 from testbed.kube import api_client
@@ -201,6 +203,8 @@ def wait_settled(recorder: JobRecorder, jobs: int, settle: float, timeout: float
 def fmt(value: float) -> str:
     if value != value:  # NaN
         return "-"
+    if value == math.inf:  # only a histogram quantile past its top bucket
+        return f">{RECONCILE_BUCKETS[-1] * 1000:.0f}"
     digits = 0 if float(value).is_integer() or abs(value) >= 100 else 1 if abs(value) >= 10 else 2
     return f"{value:.{digits}f}"
 
@@ -213,7 +217,8 @@ def print_table(results: list[SizeResult]) -> None:
         print("| " + " | ".join(fmt(v) for v in row) + " |")
     base = rows[0]
     for row in rows[1:]:
-        cells = [f"{v / b:.2f}x" if b and b == b and v == v else "-" for v, b in zip(row, base, strict=True)]
+        cells = [f"{v / b:.2f}x" if b and math.isfinite(b) and math.isfinite(v) else "-"
+                 for v, b in zip(row, base, strict=True)]
         print(f"| ratio {fmt(row[0])}/{fmt(base[0])} | " + " | ".join(cells[1:]) + " |")
     for result in results:
         for name, phase, why in result.waiting:

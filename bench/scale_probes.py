@@ -279,7 +279,8 @@ def scrape_histogram(port: int, name: str) -> tuple[list[tuple[float, float]], f
 
 
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
-    """Prometheus's histogram_quantile: linear within the bucket; past the last finite bound, that bound."""
+    """Prometheus's histogram_quantile, linear within the bucket; but a rank in the +Inf bucket
+    gives inf (Prometheus gives the last finite bound, which reads as a measurement)."""
     if not buckets or buckets[-1][1] == 0:
         return float("nan")
     rank = q * buckets[-1][1]
@@ -287,7 +288,7 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
     for bound, count in buckets:
         if count >= rank:
             if bound == float("inf"):
-                return lower_bound
+                return bound
             if count == lower_count:
                 return bound
             return lower_bound + (bound - lower_bound) * (rank - lower_count) / (count - lower_count)
