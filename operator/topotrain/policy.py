@@ -70,9 +70,9 @@ class PodView:
     node: str = ""  # spec.nodeName once bound
     gated: bool = False  # still behind the topotrain.io/gang scheduling gate
     terminating: bool = False  # metadata.deletionTimestamp is set
-    # metadata.deletionTimestamp itself (RFC 3339): the kubelet kills the pod's containers by
-    # then, so until then a stopping trainer may still be saving its SIGTERM checkpoint
-    stop_deadline: str = ""
+    # spec.terminationGracePeriodSeconds: how long a stopping trainer may take to save its
+    # SIGTERM checkpoint once the pod is being deleted
+    grace_seconds: float = 30.0
     exit_code: int | None = None  # first non-zero container exit code, if any
     reason: str = ""  # status.reason (Evicted, ...) or the container's terminated reason
     message: str = ""  # status.message, else the container's termination message (log tail)

@@ -22,12 +22,13 @@ from datetime import datetime, timedelta
 from topotrain import elastic, inplace, planned, policy
 from topotrain.api import TrainingJobSpec
 from topotrain.planning import Planner, PlanOutcome
-from topotrain.reconcile_status import REFUSAL_REASONS, CheckpointView, StatusBuilder, iso, parse
+from topotrain.reconcile_status import REFUSAL_REASONS, CheckpointView, StatusBuilder, iso
 from topotrain.status import ConditionType as C
 from topotrain.status import Reason, TrainingJobStatus
 
 CHECKPOINT_UNAVAILABLE = Reason.STORE_UNAVAILABLE
 WAIT_SHORT = 2.0  # seconds: something in flight that no watch event announces
+SAVING = "waiting for the stopping pods' SIGTERM checkpoint"  # Ready's message while it waits
 CREATE_RETRY = 10.0  # seconds between tries to create a gang the API server refused
 REFUSALS = REFUSAL_REASONS
 
@@ -428,36 +429,50 @@ def _blocking(obs: Observed, attempt: int, nodes: set[str]) -> bool:
     )
 
 
-def _still_saving(obs: Observed, current: list[policy.PodView]) -> float:
+def _still_saving(obs: Observed, sb: StatusBuilder, current: list[policy.PodView]) -> float:
     """Seconds to wait before restarting a gang whose pods someone is deleting gracefully.
 
     An evicted or deleted pod gets SIGTERM and its grace period; the bundled trainer saves the
     current step in it (docs/trainer.md). Restarting at once would resume from the last periodic
     commit and throw that save away, so the restart waits while a pod of the attempt is still
-    Terminating on a Ready node, at most until its deletionTimestamp (when the kubelet kills it).
-    Not for a job without checkpoints, nor for pods on lost nodes (their kubelet is gone).
+    Terminating and not yet stopped on a Ready node, at most its terminationGracePeriodSeconds
+    from when the wait began (the Ready condition's transition to this wait). The
+    deletionTimestamp is not the bound: a force delete after the graceful one moves it to now
+    while the containers still run. Not for a job without a readable checkpoint store, nor for
+    pods on lost nodes (their kubelet is gone).
     """
     if obs.checkpoint is None or not obs.checkpoint.reachable:
         return 0.0
-    left = 0.0
-    for pod in current:
-        if not pod.terminating or pod.phase in ("Failed", "Succeeded") or not pod.stop_deadline:
-            continue
-        node = obs.nodes.get(pod.where)
-        if node is None or not node.ready:
-            continue
-        left = max(left, (parse(pod.stop_deadline) - obs.now).total_seconds())
-    return left
+    stopping = [p for p in current if p.terminating and p.phase not in ("Failed", "Succeeded")
+                and p.where in obs.nodes and obs.nodes[p.where].ready]
+    if not stopping:
+        return 0.0
+    grace = max(p.grace_seconds for p in stopping)
+    return max(0.0, grace - (obs.now - _saving_since(sb, obs.now)).total_seconds())
+
+
+def _saving_since(sb: StatusBuilder, now: datetime) -> datetime:
+    """When the wait for stopping pods began: the Ready condition's message says (it is written
+    on the wait's first pass and kept while the wait lasts); else now."""
+    ready = sb.status.condition(C.READY)
+    if ready is None or ready.reason != Reason.POD_DELETED or f"{SAVING} since " not in ready.message:
+        return now
+    stamp = ready.message.rsplit(f"{SAVING} since ", 1)[1].split(" ", 1)[0]
+    try:
+        return sb.parse(stamp)
+    except ValueError:
+        return now
 
 
 def _on_failure(
     obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
     current: list[policy.PodView], failure: policy.Failure,
 ) -> None:
-    if failure.reason == Reason.POD_DELETED and (saving := _still_saving(obs, current)) > 0:
+    if failure.reason == Reason.POD_DELETED and (saving := _still_saving(obs, sb, current)) > 0:
         # Nothing is recorded yet: the next pass sees the same failure, once the pods are gone.
+        since = iso(_saving_since(sb, obs.now))
         sb.set(C.READY, False, failure.reason,
-               f"{failure.message}; waiting up to {saving:.0f}s for the stopping pods' checkpoint")
+               f"{failure.message}; {SAVING} since {since} (up to {saving:.0f}s more)")
         decision.requeue_after = min(saving, WAIT_SHORT)
         return
     used = policy.used_budgets(sb.status.restarts, sb.status.restarts_by_class)

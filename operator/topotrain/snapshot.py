@@ -90,6 +90,7 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
             "nodeName": spec.get("nodeName"),
             "schedulingGates": [dict(g) for g in spec.get("schedulingGates") or []],
             "containers": [{"resources": dict(c.get("resources") or {})} for c in spec.get("containers") or []],
+            "terminationGracePeriodSeconds": spec.get("terminationGracePeriodSeconds"),
         },
         "status": {
             "phase": status.get("phase", "Pending"), "reason": status.get("reason", ""),
@@ -159,7 +160,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         node=str(spec.get("nodeName") or ""),
         gated=any(g.get("name") == GANG_GATE for g in spec.get("schedulingGates") or []),
         terminating=bool(meta.get("deletionTimestamp")),
-        stop_deadline=str(meta.get("deletionTimestamp") or ""),
+        grace_seconds=float(spec.get("terminationGracePeriodSeconds") or DEFAULT_GRACE_SECONDS),
         exit_code=int(first["exitCode"]) if first else None,
         reason=str(status.get("reason") or (first or {}).get("reason") or ""),
         message=message,
@@ -177,6 +178,9 @@ def node_view(node: Mapping[str, Any]) -> NodeView:
     ready = any(c.get("status") == "True" for c in node["status"].get("conditions", []))
     cordoned = bool((node.get("spec") or {}).get("unschedulable"))
     return NodeView(str(node["metadata"]["name"]), ready=ready, cordoned=cordoned)
+
+
+DEFAULT_GRACE_SECONDS = 30.0  # Kubernetes' default terminationGracePeriodSeconds
 
 
 @dataclass

@@ -16,7 +16,7 @@ import pytest
 from test_reconcile import T0, FakePlanner, gang, observed, run, running_job, spec
 from topotrain.policy import NodeView, PodView
 from topotrain.reconcile import RankTable
-from topotrain.reconcile_status import CheckpointView, iso
+from topotrain.reconcile_status import CheckpointView
 from topotrain.status import ConditionType as C
 from topotrain.status import Reason
 
@@ -409,41 +409,45 @@ def test_pods_accepted_after_a_refusal_end_the_refusal_at_once() -> None:
 # --- a drain's SIGTERM saves are waited for -------------------------------------------------
 
 
-def _evicted(pods: tuple[PodView, ...], deadline_s: float) -> tuple[PodView, ...]:
+def _evicted(pods: tuple[PodView, ...], grace: float = 30.0) -> tuple[PodView, ...]:
     """Every pod of the gang deleted gracefully (kubectl drain): Terminating, still Running."""
-    return tuple(replace(p, terminating=True, stop_deadline=iso(at(deadline_s))) for p in pods)
+    return tuple(replace(p, terminating=True, grace_seconds=grace) for p in pods)
 
 
 @pytest.mark.parametrize("in_place", [False, True], ids=["recreate", "in-place"])
 def test_a_gracefully_deleted_gang_is_restarted_from_its_sigterm_save(in_place: bool) -> None:
-    """The restart waits while the deleted pods may still be saving (until their deletion
-    deadline, while their node is Ready), then resumes from the save they committed."""
+    """The restart waits while the deleted pods may still be saving (within their grace period,
+    while their node is Ready), then resumes from the save they committed."""
     obs = running_job(spec=spec(restartInPlace=in_place))
     pods = gang(0)
-    evicting = _evicted(pods, 35) if not in_place else (_evicted(pods[:1], 35)[0], *pods[1:])
+    evicting = _evicted(pods) if not in_place else (_evicted(pods[:1])[0], *pods[1:])
     d, obs = run(obs, pods=evicting, now=at(5))
     assert d.launch is None and not d.delete and d.relabel is None and d.status.restarts == 0
     assert d.requeue_after is not None and 0 < d.requeue_after <= 2.0
     ready = d.status.condition(C.READY)
-    assert ready is not None and "waiting up to 30s for the stopping pods' checkpoint" in ready.message
+    assert ready is not None and "waiting for the stopping pods' SIGTERM checkpoint" in ready.message
+    assert "(up to 30s more)" in ready.message
+    d, obs = run(obs, pods=evicting, now=at(15))  # still saving: still waiting, 20 s left
+    assert d.launch is None and d.relabel is None and "(up to 20s more)" in d.status.condition(C.READY).message  # type: ignore[union-attr]
     # The trainers saved step 203, exited, and the pods are gone: now the gang restarts from it.
     saved = replace(CKPT, step=203, uri="s3://ckpt/runs/ns/job/step-0000000203")
     rest = () if not in_place else pods[1:]
     table = RankTable(0, 2, {i: f"n{i}" for i in range(4)})  # where the vanished pod ran
-    d, _ = run(obs, pods=rest, now=at(9), checkpoint=saved, rank_table=table)
+    d, _ = run(obs, pods=rest, now=at(19), checkpoint=saved, rank_table=table)
     assert d.status.restarts == 1 and d.status.last_failure is not None
     assert d.status.last_failure.reason == Reason.POD_DELETED
-    resumed = d.launch.resume_step if d.launch is not None else None
     if in_place:
         assert d.relabel is not None and d.relabel.resume_step == 203
     else:
-        assert resumed == 203
+        assert d.launch is not None and d.launch.resume_step == 203
 
 
-def test_pods_terminating_on_a_lost_node_or_past_their_deadline_are_not_waited_for() -> None:
+def test_stopping_pods_are_waited_for_at_most_their_grace_period_and_never_on_a_lost_node() -> None:
     obs = running_job()
-    late = run(obs, pods=_evicted(gang(0), 4), now=at(5))[0]  # the kubelet's deadline passed
-    assert late.launch is not None or late.delete or late.status.restarts == 1
+    d, waiting = run(obs, pods=_evicted(gang(0), grace=4), now=at(5))
+    assert d.status.restarts == 0
+    late, _ = run(waiting, pods=_evicted(gang(0), grace=4), now=at(10))  # past the grace: restart
+    assert late.status.restarts == 1 and (late.launch is not None or late.delete)
     nodes = {**obs.nodes, **{f"n{i}": NodeView(f"n{i}", ready=False) for i in range(4)}}
-    lost = run(obs, pods=_evicted(gang(0), 35), nodes=nodes, now=at(5))[0]
+    lost, _ = run(obs, pods=_evicted(gang(0)), nodes=nodes, now=at(5))
     assert lost.status.restarts == 1
