@@ -74,10 +74,15 @@ def test_pod_zero_replaced_gets_the_new_attempts_name_as_rank_zero_address() -> 
 def test_a_deleted_pod_is_replaced_in_place() -> None:
     pods = list(gang(0))
     pods[2] = replace(pods[2], terminating=True)
-    d, _ = run(running_inplace(), pods=tuple(pods), now=T0 + timedelta(seconds=5))
+    # While it stops (its trainer may be saving a SIGTERM checkpoint), nothing is replaced yet.
+    d, obs = run(running_inplace(), pods=tuple(pods), now=T0 + timedelta(seconds=5))
+    assert d.launch is None and d.relabel is None and d.status.restarts == 0
+    # Stopped (Failed with the trainer's exit 75) but still listed: its index is replaced in place.
+    pods[2] = replace(pods[2], phase="Failed", exit_code=75)
+    d, _ = run(obs, pods=tuple(pods), now=T0 + timedelta(seconds=8))
     assert d.launch is not None and d.launch.only == (2,) and d.status.last_failure is not None
     assert d.status.last_failure.reason == Reason.POD_DELETED
-    assert d.launch.release is False  # the deleted pod still holds its node: released later
+    assert d.launch.release is True  # a stopped pod holds no GPUs
 
 
 def test_a_hang_restarts_every_pod_in_place_and_creates_none() -> None:
@@ -111,7 +116,7 @@ def test_fallbacks_recreate_the_gang() -> None:
     assert _recreates(run(obs, nodes=nodes, now=later)[0])
     # a pod evicted by a drain: its node is cordoned, so no replacement is pinned there
     drained = list(gang(0))
-    drained[1] = replace(drained[1], terminating=True)
+    drained[1] = replace(drained[1], terminating=True, phase="Failed", exit_code=75)  # saved, stopped
     cordoned = {**obs.nodes, "n1": NodeView("n1", cordoned=True)}
     assert _recreates(run(obs, pods=tuple(drained), nodes=cordoned, now=later)[0])
     # a crash while a kept pod's node is cordoned: the gang moves off it once
