@@ -270,7 +270,9 @@ class PodProcessHarness:
             log.info(
                 "harness: pod %s/%s deleted: SIGTERM to its processes", run.namespace, run.name
             )
-            self._terminate(run, min(grace, MAX_GRACE_SECONDS))
+            # (held pods get their whole grace period, as a kubelet gives it; the others are capped
+            # to keep tests short)
+            self._terminate(run, grace if self.hold_terminating else min(grace, MAX_GRACE_SECONDS))
             return
         if run.node not in live_nodes:
             log.warning(

@@ -145,6 +145,13 @@ def _pod_failure(pod: PodView, non_retryable: Iterable[int]) -> Failure | None:
                 Reason.POD_EVICTED, f"pod {pod.name} was evicted: {pod.message or 'no message'}",
                 pod=pod.name, node=where, blamed=frozenset({where} if where else ()),
             )
+        if pod.terminating and pod.exit_code not in set(non_retryable):
+            # Its deletion stopped it (an eviction, a drain, `kubectl delete`): the SIGKILL at the
+            # end of the grace period (137) or any exit while stopping is not the application's.
+            return Failure(
+                Reason.POD_DELETED, f"pod {pod.name} was stopped by its deletion (exit code "
+                f"{pod.exit_code})", pod=pod.name, node=where, exit_code=pod.exit_code,
+            )
         if pod.exit_code == EXIT_STOPPED:  # a planned stop: infrastructure, never the application's
             return Failure(
                 Reason.POD_DELETED, f"pod {pod.name} was stopped by SIGTERM after committing a "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -130,3 +131,13 @@ def test_hang_detection_before_the_first_heartbeat(startup: int, idle: int, stal
     assert (failure is not None) is stalled
     if failure is not None:
         assert "while starting" in failure.message
+
+
+def test_a_pod_killed_at_the_end_of_its_deletion_grace_period_is_not_the_applications_fault() -> None:
+    """A drained pod whose save outran its grace period is SIGKILLed (137) while Terminating: an
+    infrastructure restart (drain e2e: it counted as an application failure)."""
+    killed = pod(0, phase="Failed", exit_code=137)
+    failure = detect_failure([replace(killed, terminating=True)], 1, NODES, DEFAULT, started=True)
+    assert failure is not None and failure.reason == Reason.POD_DELETED and failure.kind == "infrastructure"
+    crashed = detect_failure([killed], 1, NODES, DEFAULT, started=True)
+    assert crashed is not None and crashed.reason == Reason.POD_FAILED
