@@ -429,26 +429,29 @@ def _blocking(obs: Observed, attempt: int, nodes: set[str]) -> bool:
     )
 
 
-def _still_saving(obs: Observed, sb: StatusBuilder, current: list[policy.PodView]) -> float:
-    """Seconds to wait before restarting a gang whose pods someone is deleting gracefully.
+def _still_saving(obs: Observed, sb: StatusBuilder, current: list[policy.PodView]
+                  ) -> tuple[float, datetime]:
+    """(seconds to wait, when the wait began) before restarting a gang whose pods someone is
+    deleting gracefully; 0 seconds: restart now.
 
     An evicted or deleted pod gets SIGTERM and its grace period; the bundled trainer saves the
     current step in it (docs/trainer.md). Restarting at once would resume from the last periodic
     commit and throw that save away, so the restart waits while a pod of the attempt is still
     Terminating and not yet stopped on a Ready node, at most its terminationGracePeriodSeconds
-    from when the wait began (the Ready condition's transition to this wait). The
+    from when the wait began (`_saving_since`). The
     deletionTimestamp is not the bound: a force delete after the graceful one moves it to now
     while the containers still run. Not for a job without a readable checkpoint store, nor for
     pods on lost nodes (their kubelet is gone).
     """
     if obs.checkpoint is None or not obs.checkpoint.reachable:
-        return 0.0
+        return 0.0, obs.now
     stopping = [p for p in current if p.terminating and p.phase not in ("Failed", "Succeeded")
                 and p.where in obs.nodes and obs.nodes[p.where].ready]
     if not stopping:
-        return 0.0
+        return 0.0, obs.now
+    since = _saving_since(sb, obs.now)
     grace = max(p.grace_seconds for p in stopping)
-    return max(0.0, grace - (obs.now - _saving_since(sb, obs.now)).total_seconds())
+    return max(0.0, grace - (obs.now - since).total_seconds()), since
 
 
 def _saving_since(sb: StatusBuilder, now: datetime) -> datetime:
@@ -468,11 +471,11 @@ def _on_failure(
     obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
     current: list[policy.PodView], failure: policy.Failure,
 ) -> None:
-    if failure.reason == Reason.POD_DELETED and (saving := _still_saving(obs, sb, current)) > 0:
+    saving, since = _still_saving(obs, sb, current) if failure.reason == Reason.POD_DELETED else (0.0, obs.now)
+    if saving > 0:
         # Nothing is recorded yet: the next pass sees the same failure, once the pods are gone.
-        since = iso(_saving_since(sb, obs.now))
         sb.set(C.READY, False, failure.reason,
-               f"{failure.message}; {SAVING} since {since} (up to {saving:.0f}s more)")
+               f"{failure.message}; {SAVING} since {iso(since)} (up to {saving:.0f}s more)")
         decision.requeue_after = min(saving, WAIT_SHORT)
         return
     used = policy.used_budgets(sb.status.restarts, sb.status.restarts_by_class)
