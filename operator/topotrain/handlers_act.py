@@ -45,6 +45,8 @@ class Actuator:
         self.ledger = ledger
         # (reason, message) when the last pass met an object of ours that someone else owns
         self.problem: tuple[str, str] | None = None
+        # pods the last apply found gone (404) though the pass's snapshot showed them
+        self.gone: list[str] = []
 
     def apply(
         self, key: JobKey, body: Mapping[str, Any], spec: TrainingJobSpec, decision: Decision,
@@ -52,21 +54,21 @@ class Actuator:
         """Carry out `decision`; returns the pods the API server refused (name -> its message)."""
         namespace = key[0]
         refused: dict[str, str] = {}
-        self.problem = None
+        self.problem, self.gone = None, []
         if decision.delete:
-            self.kube.delete_pods(namespace, decision.delete, self.settings.pod_grace_seconds)
+            self.gone += self.kube.delete_pods(namespace, decision.delete, self.settings.pod_grace_seconds)
             for name in decision.delete:
                 self.ledger.forget(namespace, name)
         if decision.relabel is not None:
             # Kept pods move to the in-place attempt before its replacement pods exist.
             move = decision.relabel
-            self.kube.patch_pods(namespace, list(move.pods), restart_in_place_patch(
+            self.gone += self.kube.patch_pods(namespace, list(move.pods), restart_in_place_patch(
                 move.attempt, move.resume_step, move.master_addr))
         if decision.checkpoint_request is not None:
             # The trainer reads its pod's annotations through the control volume.
             ask = decision.checkpoint_request
-            self.kube.patch_pods(namespace, list(ask.pods),
-                                 {"metadata": {"annotations": {CHECKPOINT_REQUEST: ask.value}}})
+            self.gone += self.kube.patch_pods(namespace, list(ask.pods),
+                                              {"metadata": {"annotations": {CHECKPOINT_REQUEST: ask.value}}})
         if decision.launch is not None:
             try:
                 refused = self._launch(key, _job_meta(key, body), spec, decision.launch)
@@ -75,7 +77,7 @@ class Actuator:
                 self.problem = exc.problem
                 return {}
         if decision.release and not refused:
-            self.kube.release_pods(namespace, decision.release)
+            self.gone += self.kube.release_pods(namespace, decision.release)
         return refused
 
     def reserve(self, key: JobKey, body: Mapping[str, Any], spec: TrainingJobSpec,

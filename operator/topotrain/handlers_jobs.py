@@ -33,7 +33,7 @@ from topotrain.planning import PlacementPlanner, PlanOutcome
 from topotrain.policy import avoided_nodes
 from topotrain.reconcile_status import CheckpointView, StatusBuilder, iso
 from topotrain.settings import Settings
-from topotrain.snapshot import JobKey, Ledger, Snapshot
+from topotrain.snapshot import Ghosts, JobKey, Ledger, Snapshot
 from topotrain.status import (
     ConditionType,
     Reason,
@@ -69,6 +69,7 @@ class Operator:
     settings: Settings
     kube: Kube
     ledger: Ledger = field(default_factory=Ledger)
+    ghosts: Ghosts = field(default_factory=Ghosts)
     plan_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     wakers: dict[JobKey, asyncio.Event] = field(default_factory=dict)
     written: dict[JobKey, dict[str, Any]] = field(default_factory=dict)
@@ -181,7 +182,7 @@ class JobLoop:
         # changes run after it, so one job's slow API call never holds up every other job.
         for fresh_read in (False, True):
             async with self.op.plan_lock:
-                node_list, pod_list = _values(nodes), _values(pods)
+                node_list, pod_list = _values(nodes), self.op.ghosts.drop(_values(pods))
                 decision, nodes_used = await asyncio.to_thread(
                     self._decide, spec, status, node_list, pod_list, ckpt, table, problem)
                 stale = (spec.checkpoint is not None and not fresh_read
@@ -204,6 +205,13 @@ class JobLoop:
         written = time.perf_counter()
         refused = await asyncio.to_thread(self.actuator.apply, self.key, self.body, spec, decision)
         acted = time.perf_counter()
+        if self.actuator.gone and (ghosts := self.op.ghosts.mark(pod_list, self.key[0], self.actuator.gone)):
+            log.warning("%s/%s: the API server has no pod %s, though the watch still shows it (a "
+                        "deletion the watch missed): leaving it out from now on", *self.key,
+                        ", ".join(sorted(self.actuator.gone)))
+            METRICS.ghost_pods.inc(len(ghosts))
+            self.op.wake(self.key)
+            self.op.wake_for_capacity()
         if refused:
             await self._refused(decision.status, refused)
         elif decision.launch is not None and self.last_refusal is not None:

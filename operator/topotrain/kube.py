@@ -211,25 +211,31 @@ class Kube:
         log.warning("creating pod %s/%s: %s", namespace, name, refused[name])
         return None
 
-    def release_pods(self, namespace: str, names: list[str]) -> None:
+    # The pod calls below return the names the API server answered 404 for (no such pod now):
+    # the caller leaves them out of its watch cache (snapshot.Ghosts).
+
+    def release_pods(self, namespace: str, names: list[str]) -> list[str]:
         """Remove the gang scheduling gate from every pod, together."""
 
-        def one(name: str) -> None:
+        def one(name: str) -> str | None:
             try:
                 self.core.patch_namespaced_pod(
                     name, namespace, [{"op": "remove", "path": "/spec/schedulingGates"}],
                     field_manager=FIELD_OWNER, _content_type="application/json-patch+json",
                 )
             except ApiException as exc:
-                if exc.status not in (404, 422):  # gone, or already released
+                if exc.status == 404:
+                    return name
+                if exc.status != 422:  # 422: already released
                     raise
+            return None
 
-        list(self.pool.map(one, names))
+        return [n for n in self.pool.map(one, names) if n is not None]
 
-    def patch_pods(self, namespace: str, names: list[str], patch: Mapping[str, Any]) -> None:
+    def patch_pods(self, namespace: str, names: list[str], patch: Mapping[str, Any]) -> list[str]:
         """The same JSON merge patch on each pod's metadata (a pod gone meanwhile is skipped)."""
 
-        def one(name: str) -> None:
+        def one(name: str) -> str | None:
             try:
                 self.core.patch_namespaced_pod(
                     name, namespace, dict(patch), field_manager=FIELD_OWNER,
@@ -238,11 +244,13 @@ class Kube:
             except ApiException as exc:
                 if exc.status != 404:
                     raise
+                return name
+            return None
 
-        list(self.pool.map(one, names))
+        return [n for n in self.pool.map(one, names) if n is not None]
 
-    def delete_pods(self, namespace: str, names: list[str], grace_seconds: int) -> None:
-        def one(name: str) -> None:
+    def delete_pods(self, namespace: str, names: list[str], grace_seconds: int) -> list[str]:
+        def one(name: str) -> str | None:
             try:
                 self.core.delete_namespaced_pod(
                     name, namespace, grace_period_seconds=grace_seconds,
@@ -251,8 +259,10 @@ class Kube:
             except ApiException as exc:
                 if exc.status != 404:
                     raise
+                return name
+            return None
 
-        list(self.pool.map(one, names))
+        return [n for n in self.pool.map(one, names) if n is not None]
 
     def rank_table(self, namespace: str, job: str, uid: str | None = None) -> RankTable | None:
         """The job's rank table; with `uid`, raises ForeignObject when another owns the ConfigMap."""

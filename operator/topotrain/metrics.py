@@ -58,6 +58,10 @@ class Metrics:
             "topotrain_checkpoint_age_seconds", "Age of the latest committed checkpoint",
             ["namespace", "job"], registry=r,
         )
+        self.ghost_pods = Counter(
+            "topotrain_ghost_pods", "Pods the watch cache showed that the API server said were gone "
+            "(a missed deletion, left out of planning from then on)", registry=r,
+        )
         self._phases: dict[tuple[str, str], str] = {}
         for phase in PHASES:
             self.jobs.labels(phase).set(0)

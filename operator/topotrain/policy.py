@@ -70,6 +70,7 @@ class PodView:
     node: str = ""  # spec.nodeName once bound
     gated: bool = False  # still behind the topotrain.io/gang scheduling gate
     terminating: bool = False  # metadata.deletionTimestamp is set
+    deletion_deadline: str = ""  # metadata.deletionTimestamp: when its grace period ends
     # spec.terminationGracePeriodSeconds: how long a stopping trainer may take to save its
     # SIGTERM checkpoint once the pod is being deleted
     grace_seconds: float = 30.0

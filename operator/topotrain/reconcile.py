@@ -22,12 +22,13 @@ from datetime import datetime, timedelta
 from topotrain import elastic, inplace, planned, policy
 from topotrain.api import TrainingJobSpec
 from topotrain.planning import Planner, PlanOutcome
-from topotrain.reconcile_status import REFUSAL_REASONS, CheckpointView, StatusBuilder, iso
+from topotrain.reconcile_status import REFUSAL_REASONS, CheckpointView, StatusBuilder, iso, parse
 from topotrain.status import ConditionType as C
 from topotrain.status import Reason, TrainingJobStatus
 
 CHECKPOINT_UNAVAILABLE = Reason.STORE_UNAVAILABLE
 WAIT_SHORT = 2.0  # seconds: something in flight that no watch event announces
+OVERDUE_SECONDS = 30.0  # past a Terminating pod's grace period: deleted again (_overdue)
 SAVING = "waiting for the stopping pods' SIGTERM checkpoint"  # Ready's message while it waits
 CREATE_RETRY = 10.0  # seconds between tries to create a gang the API server refused
 REFUSALS = REFUSAL_REASONS
@@ -133,6 +134,7 @@ def reconcile(obs: Observed) -> Decision:
     current = [p for p in obs.pods if p.attempt == attempt]
     decision.delete = [p.name for p in obs.pods if p.attempt < attempt and not p.terminating
                        and p.phase != "Failed"]
+    decision.delete += _overdue(obs)
     _relabel(obs, sb, decision, attempt, stale)
     if obs.config_problem is not None:
         sb.config_invalid(*obs.config_problem)
@@ -418,6 +420,20 @@ def _finish_creating(
         return
     decision.delete += [p.name for p in live]  # no record of the plan: start this attempt over
     decision.requeue_after = WAIT_SHORT
+
+
+def _overdue(obs: Observed) -> list[str]:
+    """Pods still Terminating on a Ready node long after their grace period ended: deleted again.
+
+    A kubelet removes such a pod within its grace period. One that lingers may be a ghost (a
+    deletion the watch missed: snapshot.Ghosts); the API server's 404 to this delete says so, and
+    for a real pod the delete changes nothing.
+    """
+    def ready(node: str) -> bool:
+        return node in obs.nodes and obs.nodes[node].ready
+
+    return [p.name for p in obs.pods if p.terminating and p.deletion_deadline and ready(p.node)
+            and (obs.now - parse(p.deletion_deadline)).total_seconds() > OVERDUE_SECONDS]
 
 
 def _blocking(obs: Observed, attempt: int, nodes: set[str]) -> bool:

@@ -72,7 +72,7 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     annotations = meta.get("annotations") or {}
     return {
         "metadata": {
-            "name": meta.get("name"), "namespace": meta.get("namespace"),
+            "name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid"),
             "labels": dict(meta.get("labels") or {}),
             "annotations": {
                 key: annotations[key]
@@ -160,6 +160,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         node=str(spec.get("nodeName") or ""),
         gated=any(g.get("name") == GANG_GATE for g in spec.get("schedulingGates") or []),
         terminating=bool(meta.get("deletionTimestamp")),
+        deletion_deadline=str(meta.get("deletionTimestamp") or ""),
         grace_seconds=float(spec.get("terminationGracePeriodSeconds") or DEFAULT_GRACE_SECONDS),
         exit_code=int(first["exitCode"]) if first else None,
         reason=str(status.get("reason") or (first or {}).get("reason") or ""),
@@ -211,6 +212,42 @@ class Ledger:
             for key in [k for k, (_, _, t) in self.entries.items() if k in shown or now - t > LEDGER_TTL]:
                 del self.entries[key]
             return [(job, slim) for job, slim, _ in self.entries.values()]
+
+
+@dataclass
+class Ghosts:
+    """Pods the watch cache still shows that the API server said are gone.
+
+    kopf's index keeps every object it has not seen a DELETED event for. When a watch restarts
+    with a fresh LIST (the API server restarted, "410 Gone"), a pod deleted meanwhile never gets
+    that event and stays in the index for good: a gang waited for ever for such a pod (Terminating
+    on a healthy node it needed) to go. A delete, patch or release that the API server answers
+    with 404 proves the pod of that name is gone; the uids the snapshot showed under that name are
+    then left out of every later snapshot. Only uids still in the index are kept (bounded).
+    """
+
+    uids: set[str] = field(default_factory=set)
+    _mutex: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def mark(self, pods: Iterable[Mapping[str, Any]], namespace: str, names: Iterable[str]) -> list[str]:
+        """The uids of `pods` named `names` in `namespace` are gone; returns the new ones."""
+        wanted = set(names)
+        found = [str(m["uid"]) for m in (p["metadata"] for p in pods)
+                 if m.get("uid") and m.get("namespace") == namespace and m.get("name") in wanted]  # fmt: skip
+        with self._mutex:
+            new = [u for u in found if u not in self.uids]
+            self.uids.update(new)
+        return new
+
+    def drop(self, pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        """`pods` without the ghosts; forgets ghosts the index no longer holds."""
+        listed = list(pods)
+        with self._mutex:
+            if not self.uids:
+                return listed
+            present = {p["metadata"].get("uid") for p in listed}
+            self.uids &= present
+            return [p for p in listed if p["metadata"].get("uid") not in self.uids]
 
 
 @dataclass

@@ -23,7 +23,7 @@ from topotrain.ownership import (
     foreign_message,
     owned_by,
 )
-from topotrain.snapshot import Ledger, Snapshot, slim_node, slim_pod
+from topotrain.snapshot import Ghosts, Ledger, Snapshot, slim_node, slim_pod
 from topotrain.status import Reason
 from topotrain.topology import TopologyLevels
 
@@ -217,3 +217,38 @@ def test_a_reserved_launch_holds_its_gpus_before_any_api_call_until_unreserved()
     assert free_for_other_job() == {"n0": 0, "n1": 0, "n2": 8}
     actuator.unreserve(("team", "llm"), decision)
     assert free_for_other_job() == {"n0": 8, "n1": 8, "n2": 8}
+
+
+def test_a_pod_the_api_server_says_is_gone_leaves_every_later_snapshot() -> None:
+    """kopf's index keeps a pod whose DELETED event a re-listed watch never delivered (long soak
+    seed 1302: the gang waited for ever). The Actuator reports the 404s of its pod calls; the
+    uids the pass saw under those names leave the snapshot, a namesake created later does not."""
+    from topotrain.handlers_act import Actuator
+    from topotrain.reconcile import Decision
+    from topotrain.settings import Settings
+    from topotrain.status import TrainingJobStatus
+
+    def with_uid(p: dict[str, Any], uid: str) -> dict[str, Any]:
+        return {**p, "metadata": {**p["metadata"], "uid": uid}}
+
+    ghost = with_uid(job_pod("old-uid", 0, 0, "n0", terminating=True), "pod-a")
+    alive = with_uid(job_pod("old-uid", 0, 1, "n1"), "pod-b")
+
+    class GoneKube:  # the unit-test boundary: the API server answers 404 for llm-0-0
+        def delete_pods(self, namespace: str, names: list[str], grace: int) -> list[str]:
+            return [n for n in names if n == "llm-0-0"]
+
+    actuator = Actuator(kube=GoneKube(), settings=Settings(), ledger=Ledger())  # type: ignore[arg-type]
+    actuator.apply(("team", "llm"), {}, SPEC, Decision(status=TrainingJobStatus(), delete=["llm-0-0", "llm-0-1"]))
+    assert actuator.gone == ["llm-0-0"]
+    ghosts = Ghosts()
+    assert ghosts.mark([ghost, alive], "team", actuator.gone) == ["pod-a"]
+    assert ghosts.mark([ghost, alive], "team", actuator.gone) == []  # reported once
+    snap = Snapshot.take([node("n0"), node("n1")], ghosts.drop([ghost, alive]), Ledger())
+    assert [p.name for p in snap.job_pods(("team", "llm"), "old-uid")] == ["llm-0-1"]
+    inventory = snap.inventory(("team", "llm"), TopologyLevels(), [], {}, uid="new-uid")
+    assert {n: info.free for n, info in inventory.nodes.items()} == {"n0": 8, "n1": 0}
+    namesake = with_uid(job_pod("old-uid", 0, 0, "n0"), "pod-c")
+    assert [p["metadata"]["uid"] for p in ghosts.drop([ghost, namesake])] == ["pod-c"]
+    ghosts.drop([namesake])  # the index dropped it at last: nothing is kept for it
+    assert ghosts.uids == set()

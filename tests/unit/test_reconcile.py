@@ -350,3 +350,29 @@ def test_replacement_gate_opens_only_after_the_old_gang_is_gone() -> None:
     assert not d2.release and d2.launch is None
     d3, _ = run(after, pods=gang(1, phase="Pending", gated=True))
     assert sorted(d3.release) == [f"job-1-{i}" for i in range(4)]
+
+
+def test_a_pod_terminating_long_past_its_grace_period_is_deleted_again() -> None:
+    """Long soak seed 1302: a gang stayed gated for ever behind an old pod the watch cache still
+    showed Terminating on a Ready node it needed (its deletion was missed while the API server
+    restarted). Past its grace period by more than OVERDUE_SECONDS such a pod is deleted again:
+    a ghost's 404 is what lets the operator drop it (test_snapshot: Ghosts)."""
+    from topotrain.reconcile import OVERDUE_SECONDS
+
+    obs = running_job()
+    pods = list(gang(0))
+    pods[1] = replace(pods[1], phase="Failed", exit_code=1)
+    _, after = run(obs, pods=tuple(pods))
+    deadline = (T0 + timedelta(seconds=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    old = tuple(replace(p, terminating=True, deletion_deadline=deadline) for p in pods)
+    new = gang(1, phase="Pending", gated=True)
+    soon = T0 + timedelta(seconds=30 + OVERDUE_SECONDS - 1)
+    d2, after = run(after, pods=old + new, now=soon)
+    assert not d2.release and not d2.delete  # within its grace (and the slack): left alone
+    late = T0 + timedelta(seconds=30 + OVERDUE_SECONDS + 1)
+    d3, after = run(after, pods=old + new, now=late)
+    assert not d3.release and sorted(d3.delete) == sorted(p.name for p in old)
+    # ... but never on a node that is not Ready: no kubelet there to finish it, as expected.
+    lost = {k: replace(v, ready=False) for k, v in after.nodes.items()}
+    d4, _ = run(after, pods=old + new, now=late, nodes=lost)
+    assert not set(d4.delete) & {p.name for p in old}
