@@ -178,6 +178,10 @@ def run_rank0(env: Any, config: dict[str, Any]) -> int:
             return 1
         state, start = int(saved["state"]), env.resume_step + 1
     emit(event="start", attempt=env.attempt, resume=env.resume_step, data=env.data, pods=env.nnodes)
+    try:  # retention once as the attempt starts, as the trainer does (Checkpointer.tidy)
+        store.apply_retention(env.checkpoint_keep)
+    except Exception as err:  # best effort: the next commit's retention tries again
+        emit(event="store-error", what="retention", error=str(err)[:200])
     try:
         conns = _rendezvous(env.master_port, env.nnodes - 1)
     except OSError as err:

@@ -29,6 +29,7 @@ import itertools
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
 
 from testbed.chaos.timeline import TERMINAL, Timeline, Verdict, timestamp, verdict
 
@@ -254,7 +255,8 @@ def check_restarts_explained(t: Timeline, window: float = 120.0, per_fault: int 
     within `window` s before (at most `per_fault` restarts per fault and job), or changes the
     data degree (a resize)."""
     heals = {r["index"]: r["t"] for r in t.heals}
-    causes = [(f["t"], heals.get(f["index"], f["t"]), set(f["jobs"]), f["kind"]) for f in t.faults]
+    causes = [(f["t"], heals.get(f["index"], f["t"]), set(f["jobs"]) | _placed_during(t, f, heals), f["kind"])
+              for f in t.faults]  # fmt: skip
     causes += [(r["t"], r["t"], {r["job"]}, "bad-node") for r in t.crashes]
     problems, checked = [], 0
     for job in sorted(t.created):
@@ -274,6 +276,17 @@ def check_restarts_explained(t: Timeline, window: float = 120.0, per_fault: int 
             else:
                 used[found] += 1
     return verdict("9 no restart without a fault", checked, problems)
+
+
+def _placed_during(t: Timeline, fault: dict[str, Any], heals: dict[object, float]) -> set[str]:
+    """Jobs with a pod on the fault's node(s) while it lasted: a pod placed there after the fault
+    began (before the operator saw the node fail) is hit too, though not in the fault's `jobs`."""
+    nodes = set(fault.get("nodes") or ([fault["node"]] if fault.get("node") else []))
+    if not nodes:
+        return set()
+    start, end = float(fault["t"]), float(heals.get(fault["index"], fault["t"]))
+    return {p["job"] for r in t.api if start <= float(r["t"]) <= end
+            for p in t.job_pods(r) if (p.get("node") or p.get("planned")) in nodes}  # fmt: skip
 
 
 def _attempt_sizes(t: Timeline, job: str) -> list[tuple[int, int, float]]:

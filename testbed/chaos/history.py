@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from topotrain.contract import ATTEMPT_ANNOTATION, RESUME_STEP_ANNOTATION
+from topotrain.manifests import NODE_ANNOTATION
 
 from testbed.harness import ATTEMPT_LABEL, INDEX_LABEL, JOB_LABEL
 
@@ -59,6 +60,7 @@ def pod_record(pod: dict[str, Any]) -> dict[str, Any]:
         "job": labels.get(JOB_LABEL), "attempt": _int(labels.get(ATTEMPT_LABEL)),
         "index": _int(labels.get(INDEX_LABEL)), "phase": status.get("phase"),
         "node": spec.get("nodeName"), "deleting": bool(meta.get("deletionTimestamp")),
+        "planned": (meta.get("annotations") or {}).get(NODE_ANNOTATION),  # before it is bound
         "created": meta.get("creationTimestamp"), "gpus": gpus,
         "resume": _resume(meta.get("annotations") or {}, env),
     }  # fmt: skip

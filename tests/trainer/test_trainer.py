@@ -115,7 +115,7 @@ def test_exact_resume_after_kill_following_commit_and_during_in_flight_save(
 
     def launch(resume: int | None, attempt: int) -> TrainerRun:
         return TrainerRun(trainer_env(data=2, training=training(tmp_path), s3_env=s3.env(),
-                                      checkpoint_uri=uri, interval=INTERVAL,
+                                      checkpoint_uri=uri, interval=INTERVAL, keep=1,
                                       resume_step=resume, attempt=attempt))  # fmt: skip
 
     # 1. Kill every process once a checkpoint has been committed.
@@ -125,10 +125,15 @@ def test_exact_resume_after_kill_following_commit_and_during_in_flight_save(
     committed = store.latest_committed()
     assert committed is not None and committed.step in (3, 6)
 
+    # An older commit whose retention never ran (its trainer was killed between COMMITTED and
+    # retention): the next attempt applies retention as it starts, not only after its first commit.
+    store.write_commit(1, {"dp": 2}, 0)
     # 2. Resume, then kill while the next save is uploading (S3 paused, so it cannot finish).
     second = launch(committed.step, 1)
     restored = second.wait_for("restored")
     assert restored["consumed_samples"] == committed.step * GLOBAL_BATCH
+    assert 1 in second.wait_for("retention_applied")["deleted"]
+    assert [c.step for c in store.list_committed()] == [committed.step]
     in_flight = committed.step + INTERVAL
     os.kill(_versitygw_pid(s3), signal.SIGSTOP)
     try:

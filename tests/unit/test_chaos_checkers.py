@@ -243,6 +243,22 @@ def test_a_restart_in_place_is_dated_when_the_kept_pods_join_the_attempt() -> No
     assert checkers.check_restarts_explained(timeline([created("a"), before, crash, moved])).ok
 
 
+def test_a_node_fault_explains_the_restart_of_a_pod_placed_on_the_node_after_it_began() -> None:
+    """Long soak seed 1302: node n2 was made NotReady before the operator saw it, a job's first pod
+    was placed there meanwhile, and its restart was counted as having no cause."""
+    fault = {"t": T0 + 5, "type": "fault", "index": 0, "kind": "node-not-ready", "jobs": [],
+             "node": "n2", "duration": 17}  # fmt: skip
+    heal = {"t": T0 + 22, "type": "heal", "index": 0, "kind": "node-not-ready"}
+    # Gated, not yet bound: only the operator's planned node says where it goes.
+    first = api(T0 + 8, [{**pod("a", 0, 0, node="", created=T0 + 8), "planned": "n2"}])
+    again = api(T0 + 14, [pod("a", 0, 0, "Failed", node="n2", created=T0 + 8),
+                          pod("a", 1, 0, node="n1", created=T0 + 14)])  # fmt: skip
+    assert checkers.check_restarts_explained(timeline([created("a"), fault, first, again, heal])).ok
+    # The same restart with the pod on another node stays unexplained.
+    elsewhere = [api(r["t"], [{**p, "node": "n3", "planned": "n3"} for p in r["pods"]]) for r in (first, again)]
+    assert not checkers.check_restarts_explained(timeline([created("a"), fault, *elsewhere, heal])).ok
+
+
 def test_pod_supervisor_lines_without_a_time_are_not_trainer_events() -> None:
     events = [{"event": "workers_started", "attempt": 0, "source": "supervisor"},
               *steps_events(5, 1, 3, 0, T0)]  # fmt: skip

@@ -335,6 +335,20 @@ class Checkpointer:
                 failures.append(f"commit: {type(err).__name__}: {err}")
         self.on_event({"event": "checkpoint_failed", "step": step, "errors": failures[:4]})
 
+    def tidy(self) -> None:
+        """Rank 0, as an attempt starts: apply retention once (best effort). The attempt that
+        committed last may have died before its retention ran (a pod lost while the store erred),
+        and a gang that keeps restarting from that step never commits to run it again."""
+        if self.rank != 0:
+            return
+        try:
+            deleted = self.store.apply_retention(self.keep)
+        except Exception as err:  # the next commit's retention tries again
+            self.on_event({"event": "retention_failed", "error": f"{type(err).__name__}: {err}"[:300]})
+            return
+        if deleted:
+            self.on_event({"event": "retention_applied", "deleted": deleted})
+
     def restore(self, step: int, app: AppState, *, whole_step: bool = False) -> RestoreStats:
         """Load committed `step` into `app`, resharding onto the current mesh.
 

@@ -176,6 +176,8 @@ class Job:
                               "consumed_samples": job.progress.consumed_samples, "mesh": mesh.sizes(),
                               "load_seconds": round(time.perf_counter() - began, 4),
                               "bytes_read": list(read.per_rank), "step_bytes": read.step_bytes})  # fmt: skip
+        if job.checkpointer is not None:
+            job.checkpointer.tidy()
         return job
 
     def at_boundary(self, step: int) -> int | None:
