@@ -155,7 +155,7 @@ def reconcile(obs: Observed) -> Decision:
     elif not current:
         _launch(obs, sb, decision, attempt)
     elif inplace.in_flight(sb.status) and _missing_replaced(sb, current):
-        _replace_in_place(obs, sb, decision, attempt, current)
+        _replace_in_place(obs, sb, decision, attempt, current, settled=not stale)
     else:
         _steady(obs, sb, decision, attempt, current)
     if sb.status.phase == "Running":
@@ -409,17 +409,23 @@ def _finish_creating(
     table = obs.rank_table
     resumes = {p.resume_step for p in live}
     if (table is not None and table.attempt == attempt and all(i in table.assignments for i in missing)
-            and len(resumes) == 1):
+            and len(resumes) == 1 and _newer_commit(obs, _step(next(iter(resumes)))) is None):
         # The gang's other pods say which step it resumes from: every pod must agree.
         resume = next(iter(resumes))
         decision.launch = Launch(
             attempt=attempt, data=table.data, pool=obs.status.pool,
-            assignments=dict(table.assignments), resume_step=int(resume) if resume else None,
+            assignments=dict(table.assignments), resume_step=_step(resume),
             mode="resume", only=missing,
         )
         return
-    decision.delete += [p.name for p in live]  # no record of the plan: start this attempt over
+    # No record of the plan, or a newer step was committed since the gang was told its step
+    # (nothing of it runs yet: all gated): start this attempt over.
+    decision.delete += [p.name for p in live]
     decision.requeue_after = WAIT_SHORT
+
+
+def _step(annotation: str | None) -> int | None:
+    return int(annotation) if annotation else None
 
 
 def _overdue(obs: Observed) -> list[str]:
@@ -612,11 +618,46 @@ def _missing_replaced(sb: StatusBuilder, current: list[policy.PodView]) -> list[
     return [i for i in (rec.replaced_indices or []) if i not in present] if rec else []
 
 
+def _newer_commit(obs: Observed, told: int | None) -> int | None:
+    """The newest committed step, when it is newer than the step a gang was told."""
+    ckpt = obs.checkpoint
+    if ckpt is None or not ckpt.reachable or ckpt.step is None:
+        return None
+    return ckpt.step if told is None or ckpt.step > told else None
+
+
+def _retarget(
+    obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
+    current: list[policy.PodView], missing: tuple[int, ...], step: int,
+) -> tuple[int, list[policy.PodView]]:
+    """A step newer than the one the in-place attempt was told was committed before its
+    replacement pods could be created (the dying gang's rank 0 finished an upload after the
+    restart was decided; the backoff or a refused create delayed the replacement): move the
+    attempt's pods to the next attempt, told that step, rather than lose the steps between.
+    Not a restart of its own: the budgets are untouched."""
+    rec = sb.status.recovery
+    assert rec is not None
+    nxt, told = attempt + 1, rec.resume_step
+    rec.resume_step, rec.replaced_indices = step, sorted(missing)
+    sb.status.attempt, sb.status.attempt_start_time = nxt, iso(obs.now)
+    message = (f"attempt {nxt} from step {step} in place: step {step} was committed after attempt "
+               f"{attempt} was told step {told}, before its replacement pods were created")
+    sb.set(C.RECOVERING, True, Reason.RESTARTED_IN_PLACE, message)
+    sb.events.append(("Normal", Reason.RESTARTED_IN_PLACE, message))
+    kept = [p for p in current if not p.terminating and p.phase not in ("Failed", "Succeeded")]
+    moved = [replace(p, attempt=nxt) for p in kept]
+    _relabel(obs, sb, decision, nxt, [p.name for p in kept], moved)
+    return nxt, moved
+
+
 def _replace_in_place(
     obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
-    current: list[policy.PodView], nodes: Mapping[int, str] | None = None,
+    current: list[policy.PodView], nodes: Mapping[int, str] | None = None, settled: bool = False,
 ) -> None:
-    """Create the replacement pods of an in-place restart, after the backoff."""
+    """Create the replacement pods of an in-place restart, after the backoff.
+
+    `settled`: every kept pod shows the attempt's label (the move was seen), so the attempt may
+    be moved on again when a newer step was committed meanwhile (_retarget)."""
     missing = tuple(_missing_replaced(sb, current))
     if not missing:
         return
@@ -638,8 +679,11 @@ def _replace_in_place(
         if node is None:
             return  # no record of where it ran: the pods-not-starting clock ends it as a recreate
         assignments[index] = node
-    data = sb.status.parallelism.data if sb.status.parallelism else obs.spec.parallelism.data
     rec = sb.status.recovery
+    newer = _newer_commit(obs, rec.resume_step if rec else None)
+    if settled and rec is not None and newer is not None:
+        attempt, current = _retarget(obs, sb, decision, attempt, current, missing, newer)
+    data = sb.status.parallelism.data if sb.status.parallelism else obs.spec.parallelism.data
     decision.launch = Launch(
         attempt=attempt, data=data, pool=sb.status.pool, assignments=assignments,
         resume_step=rec.resume_step if rec else None, mode=inplace.IN_PLACE, only=missing,

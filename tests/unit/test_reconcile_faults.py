@@ -290,8 +290,11 @@ def test_half_created_first_attempt_takes_the_resume_step_of_its_pods() -> None:
     _, obs = run(observed())
     table = RankTable(0, 2, {i: f"n{i}" for i in range(4)})
     pods = tuple(replace(p, resume_step="200") for p in gang(0, phase="Pending", gated=True)[:2])
-    d, _ = run(obs, pods=pods, rank_table=table, checkpoint=replace(CKPT, step=400))
+    d, _ = run(obs, pods=pods, rank_table=table, checkpoint=CKPT)
     assert d.launch is not None and d.launch.only == (2, 3) and d.launch.resume_step == 200
+    # A newer commit since: the gated half is started over from it (all pods agree either way).
+    d, _ = run(obs, pods=pods, rank_table=table, checkpoint=replace(CKPT, step=400))
+    assert d.launch is None and sorted(d.delete) == ["job-0-0", "job-0-1"]
 
 
 # --- time to first step: the recovery measure ------------------------------------------------

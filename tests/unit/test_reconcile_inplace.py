@@ -65,6 +65,32 @@ def test_a_crashed_trainer_keeps_the_healthy_pods_and_replaces_only_its_own() ->
     assert d3.delete == ["job-0-1"] and d3.relabel is None and d3.launch is None
 
 
+def test_a_step_committed_before_the_replacement_exists_moves_the_attempt_on_to_it() -> None:
+    """CI's chaos soak (invariant 1): the dying gang's rank 0 committed step 210 after the restart
+    in place was decided (told 200); the replacement pod was created only later (its create was
+    refused, or the backoff ran), still told 200. Now the attempt's pods move on to attempt 2,
+    told 210, and no restart is counted."""
+    from tests.unit.test_reconcile_faults import CKPT
+
+    obs = running_inplace()
+    d, after = run(obs, pods=crash(1), now=T0 + timedelta(seconds=5))
+    assert d.launch is not None and d.launch.resume_step == 200
+    moved = tuple(replace(p, attempt=1) for p in gang(0) if p.index != 1)
+    seen = (crash(1)[1], *moved)  # the move was seen; the replacement pod never appeared
+    newer = replace(CKPT, step=210, uri="s3://ckpt/runs/ns/job/step-0000000210")
+    d2, after = run(after, pods=seen, now=T0 + timedelta(seconds=30), checkpoint=newer)
+    assert d2.relabel is not None and sorted(d2.relabel.pods) == ["job-0-0", "job-0-2", "job-0-3"]
+    assert (d2.relabel.attempt, d2.relabel.resume_step) == (2, 210)
+    assert d2.launch is not None and (d2.launch.attempt, d2.launch.only, d2.launch.resume_step) == (2, (1,), 210)
+    assert d2.status.attempt == 2 and d2.status.restarts == 1 and d2.delete == []
+    assert any(r == Reason.RESTARTED_IN_PLACE and "step 210 was committed" in m for _, r, m in d2.events)
+    # Without a newer commit the replacement is simply created again for attempt 1.
+    _, again = run(obs, pods=crash(1), now=T0 + timedelta(seconds=5))
+    d3, _ = run(again, pods=seen, now=T0 + timedelta(seconds=30))
+    assert d3.launch is not None and (d3.launch.attempt, d3.launch.resume_step) == (1, 200)
+    assert d3.relabel is None
+
+
 def test_pod_zero_replaced_gets_the_new_attempts_name_as_rank_zero_address() -> None:
     d, _ = run(running_inplace(), pods=crash(0), now=T0 + timedelta(seconds=5))
     assert d.relabel is not None and d.relabel.master_addr == addr("job-1-0")
