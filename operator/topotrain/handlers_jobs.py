@@ -33,7 +33,7 @@ from topotrain.planning import PlacementPlanner, PlanOutcome
 from topotrain.policy import avoided_nodes
 from topotrain.reconcile_status import CheckpointView, StatusBuilder, iso
 from topotrain.settings import Settings
-from topotrain.snapshot import Ghosts, JobKey, Ledger, Snapshot
+from topotrain.snapshot import Ghosts, JobKey, Ledger, Snapshot, job_of
 from topotrain.status import (
     ConditionType,
     Reason,
@@ -78,6 +78,8 @@ class Operator:
     # node changing wakes only the jobs it can affect, not every loop of a 200-job operator.
     wants_capacity: set[JobKey] = field(default_factory=set)
     nodes_of: dict[JobKey, frozenset[str]] = field(default_factory=dict)
+    _resyncing: bool = False
+    _next_resync: float = field(default_factory=lambda: time.monotonic() + 30.0)  # after start-up
 
     def wake(self, key: JobKey) -> None:
         event = self.wakers.get(key)
@@ -103,6 +105,31 @@ class Operator:
         else:
             self.wants_capacity.discard(key)
         self.nodes_of[key] = nodes
+
+    async def resync_if_due(self, pods: kopf.Index[str, Any]) -> None:
+        """Every `resync_seconds`, one job's loop compares the pod index with LISTs (Ghosts)."""
+        every = self.settings.resync_seconds
+        if not every or self._resyncing or time.monotonic() < self._next_resync:
+            return
+        self._resyncing = True
+        try:
+            found = await asyncio.to_thread(
+                self.ghosts.resync, _values(pods),
+                lambda cached: self.kube.pod_uids(self.settings.namespaces, cached=cached))
+        except Exception as exc:  # the API server is unwell: the next interval tries again
+            log.warning("pod resync failed: %s", exc)
+            return
+        finally:
+            self._resyncing, self._next_resync = False, time.monotonic() + every
+        if found:
+            names = sorted(f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}" for p in found)
+            log.warning("the watch cache shows %d pod(s) two LISTs do not (deletions the watch "
+                        "missed): leaving them out from now on: %s", len(found), ", ".join(names[:10]))
+            METRICS.ghost_pods.inc(len(found))
+            for pod in found:
+                if (key := job_of(pod)) is not None:
+                    self.wake(key)
+            self.wake_for_capacity()
 
     def forget(self, key: JobKey) -> None:
         self.wakers.pop(key, None)
@@ -148,6 +175,7 @@ class JobLoop:
             while not stopped:
                 event.clear()
                 try:
+                    await self.op.resync_if_due(pods)
                     requeue = await self.pass_once(pods, nodes)
                 except Exception:  # one job's trouble never stops the others
                     log.exception("reconcile of %s/%s failed; retrying", *self.key)

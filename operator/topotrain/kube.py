@@ -211,6 +211,28 @@ class Kube:
         log.warning("creating pod %s/%s: %s", namespace, name, refused[name])
         return None
 
+    def pod_uids(self, namespaces: tuple[str, ...], *, cached: bool, page: int = 500) -> set[str]:
+        """The uids of every pod in `namespaces` (empty: cluster-wide), one LIST each, paged.
+        `cached`: served from the API server's watch cache (resourceVersion=0, cheap), else a
+        consistent read."""
+        uids: set[str] = set()
+        for namespace in namespaces or (None,):
+            token: str | None = None
+            while True:
+                kw: dict[str, Any] = {"limit": page, "_preload_content": False}
+                if cached:
+                    kw["resource_version"] = "0"
+                if token:
+                    kw["_continue"] = token
+                resp: Any = (self.core.list_namespaced_pod(namespace, **kw) if namespace
+                             else self.core.list_pod_for_all_namespaces(**kw))  # fmt: skip
+                body = json.loads(resp.data)  # (_preload_content=False: the raw response)
+                uids.update(str(p["metadata"]["uid"]) for p in body.get("items") or [])
+                token = (body.get("metadata") or {}).get("continue")
+                if not token:
+                    break
+        return uids
+
     # The pod calls below return the names the API server answered 404 for (no such pod now):
     # the caller leaves them out of its watch cache (snapshot.Ghosts).
 

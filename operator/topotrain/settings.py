@@ -40,6 +40,7 @@ class Settings:
     | master_port | TOPOTRAIN_MASTER_PORT | 29500 |
     | reconcile_interval | TOPOTRAIN_RECONCILE_INTERVAL seconds (idle re-check) | 10 |
     | checkpoint_poll | TOPOTRAIN_CHECKPOINT_POLL seconds (S3 re-read while Running) | 10 |
+    | resync_seconds | TOPOTRAIN_RESYNC_SECONDS (a LIST of pods against the watch cache; 0 disables) | 120 |
     | recovery | TOPOTRAIN_RECOVERY: incremental or recreate | incremental |
     | pod_grace_seconds | TOPOTRAIN_POD_GRACE_SECONDS (deleting a gang) | 30 |
     | network_policy | TOPOTRAIN_NETWORK_POLICY (true: a NetworkPolicy per job) | false |
@@ -56,6 +57,7 @@ class Settings:
     master_port: int = DEFAULT_MASTER_PORT
     reconcile_interval: float = 10.0
     checkpoint_poll: float = 10.0
+    resync_seconds: float = 120.0
     recovery: RecoveryStrategy = "incremental"
     pod_grace_seconds: int = 30
     # A NetworkPolicy per job letting only the gang's own pods in; the chart turns it on.
@@ -98,6 +100,7 @@ class Settings:
             master_port=_port(env, "TOPOTRAIN_MASTER_PORT", base.master_port),
             reconcile_interval=_seconds(env, "TOPOTRAIN_RECONCILE_INTERVAL", base.reconcile_interval),
             checkpoint_poll=_seconds(env, "TOPOTRAIN_CHECKPOINT_POLL", base.checkpoint_poll),
+            resync_seconds=_seconds(env, "TOPOTRAIN_RESYNC_SECONDS", base.resync_seconds),
             recovery=_strategy(recovery, "TOPOTRAIN_RECOVERY"),
             pod_grace_seconds=int(_seconds(env, "TOPOTRAIN_POD_GRACE_SECONDS", base.pod_grace_seconds)),
             network_policy=_flag(env, "TOPOTRAIN_NETWORK_POLICY", base.network_policy),

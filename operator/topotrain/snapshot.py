@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,6 +214,9 @@ class Ledger:
             return [(job, slim) for job, slim, _ in self.entries.values()]
 
 
+SECOND_LOOK_SECONDS = 5.0  # Ghosts.resync: between the cached LIST and the consistent one
+
+
 @dataclass
 class Ghosts:
     """Pods the watch cache still shows that the API server said are gone.
@@ -223,7 +226,8 @@ class Ghosts:
     that event and stays in the index for good: a gang waited for ever for such a pod (Terminating
     on a healthy node it needed) to go. A delete, patch or release that the API server answers
     with 404 proves the pod of that name is gone; the uids the snapshot showed under that name are
-    then left out of every later snapshot. Only uids still in the index are kept (bounded).
+    then left out of every later snapshot. A ghost no call of ours touches (another job's, a
+    deleted job's) is found by the periodic `resync`. Only uids still in the index are kept.
     """
 
     uids: set[str] = field(default_factory=set)
@@ -238,6 +242,23 @@ class Ghosts:
             new = [u for u in found if u not in self.uids]
             self.uids.update(new)
         return new
+
+    def resync(self, indexed: Iterable[Mapping[str, Any]], list_uids: Callable[[bool], set[str]],
+               second_look: float | None = None) -> list[Mapping[str, Any]]:
+        """Find the ghosts no call of ours met: pods the index shows that two LISTs do not.
+
+        A cheap LIST from the API server's cache first; only if it lacks some of the index's pods,
+        `second_look` seconds later a consistent LIST (a pod just created, not yet in a cache, is
+        in that one; default SECOND_LOOK_SECONDS). `list_uids(cached)` lists. Returns the index entries found to be ghosts."""
+        entries = {str(p["metadata"]["uid"]): p for p in indexed if p["metadata"].get("uid")}
+        suspects = set(entries) - self.uids - list_uids(True)
+        if not suspects:
+            return []
+        time.sleep(SECOND_LOOK_SECONDS if second_look is None else second_look)
+        gone = suspects - list_uids(False)
+        with self._mutex:
+            self.uids.update(gone)
+        return [entries[u] for u in sorted(gone)]
 
     def drop(self, pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
         """`pods` without the ghosts; forgets ghosts the index no longer holds."""

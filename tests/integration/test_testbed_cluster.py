@@ -267,3 +267,18 @@ def test_helm_installs_and_uninstalls_a_chart(kube: Kube, namespace: str) -> Non
     assert not kube.core.list_namespaced_config_map(
         namespace, label_selector="app.kubernetes.io/instance=demo"
     ).items
+
+
+def test_the_operators_pod_resync_lists_every_pod_page_by_page(kube: Kube, namespace: str) -> None:
+    """topotrain.kube.Kube.pod_uids (the ghost resync's LISTs) against the real API server:
+    every pod of the namespace, from the watch cache and from a consistent read, across pages."""
+    from topotrain.kube import Kube as OperatorKube
+
+    made = {kube.core.create_namespaced_pod(namespace, gpu_pod(f"p{i}", 1)).metadata.uid for i in range(5)}
+    ops = OperatorKube(kube.api)
+    assert ops.pod_uids((namespace,), cached=False, page=2) == made
+    deadline = time.monotonic() + 10  # the watch cache may trail the write by a moment
+    while ops.pod_uids((namespace,), cached=True, page=2) != made and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ops.pod_uids((namespace,), cached=True, page=2) == made
+    assert made <= ops.pod_uids((), cached=False, page=100)  # cluster-wide

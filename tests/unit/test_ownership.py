@@ -252,3 +252,27 @@ def test_a_pod_the_api_server_says_is_gone_leaves_every_later_snapshot() -> None
     assert [p["metadata"]["uid"] for p in ghosts.drop([ghost, namesake])] == ["pod-c"]
     ghosts.drop([namesake])  # the index dropped it at last: nothing is kept for it
     assert ghosts.uids == set()
+
+
+def test_the_resync_finds_ghosts_no_call_touched_with_two_lists() -> None:
+    """A deleted job's pod (no loop of ours ever deletes it again) held its GPUs in the snapshot
+    for good. Pods the index shows that a cached LIST and then a consistent LIST both lack are
+    ghosts; a pod only the cached LIST lacks (created a moment ago) is not."""
+    def with_uid(p: dict[str, Any], uid: str) -> dict[str, Any]:
+        return {**p, "metadata": {**p["metadata"], "uid": uid}}
+
+    index = [with_uid(job_pod("old-uid", 0, 0, "n0"), "gone"), with_uid(job_pod("old-uid", 0, 1, "n1"), "new"),
+             with_uid(job_pod("old-uid", 1, 0, "n2"), "kept")]  # fmt: skip
+    lists: list[bool] = []
+
+    def list_uids(cached: bool) -> set[str]:  # the unit-test boundary: the API server's LISTs
+        lists.append(cached)
+        return {"kept"} if cached else {"kept", "new"}
+
+    ghosts = Ghosts()
+    found = ghosts.resync(index, list_uids, second_look=0)
+    assert [p["metadata"]["uid"] for p in found] == ["gone"] and lists == [True, False]
+    assert [p["metadata"]["uid"] for p in ghosts.drop(index)] == ["new", "kept"]
+    lists.clear()
+    assert ghosts.resync(index, lambda cached: lists.append(cached) or {"kept", "new"}, second_look=0) == []
+    assert lists == [True]  # nothing suspect: no consistent LIST

@@ -57,3 +57,40 @@ def test_freed_gpus_and_node_changes_wake_only_the_jobs_they_can_affect() -> Non
     op.forget(growing)
     op.wake_for_node("n3")
     assert woken() == set()
+
+
+def test_a_resync_that_finds_a_ghost_wakes_its_job_and_the_jobs_waiting_for_capacity() -> None:
+    from dataclasses import replace
+
+    from topotrain import snapshot
+
+    ghost = {"metadata": {"name": "old-0-0", "namespace": "ns", "uid": "u1", "labels": {"topotrain.io/job": "old"}}}
+
+    class Index(dict[str, list[dict[str, object]]]):  # kopf's index at the unit-test boundary
+        pass
+
+    class Lists:  # the API server's LISTs at the unit-test boundary: the pod is gone
+        calls = 0
+
+        def pod_uids(self, namespaces: tuple[str, ...], *, cached: bool) -> set[str]:
+            Lists.calls += 1
+            return set()
+
+    op = Operator(settings=replace(Settings(), resync_seconds=60), kube=Lists())  # type: ignore[arg-type]
+    old, waiting = ("ns", "old"), ("ns", "waiting")
+    for key in (old, waiting):
+        op.wakers[key] = asyncio.Event()
+    op.note(waiting, True, frozenset())
+    snapshot.SECOND_LOOK_SECONDS, saved = 0.0, snapshot.SECOND_LOOK_SECONDS
+    try:
+        asyncio.run(op.resync_if_due(Index(all=[ghost])))  # type: ignore[arg-type]
+        assert Lists.calls == 0  # not due yet: the first resync waits for start-up
+        op._next_resync = 0.0
+        asyncio.run(op.resync_if_due(Index(all=[ghost])))  # type: ignore[arg-type]
+    finally:
+        snapshot.SECOND_LOOK_SECONDS = saved
+    assert Lists.calls == 2 and op.ghosts.uids == {"u1"}
+    assert op.wakers[old].is_set() and op.wakers[waiting].is_set()
+    op.wakers[old].clear()
+    asyncio.run(op.resync_if_due(Index(all=[ghost])))  # type: ignore[arg-type]
+    assert Lists.calls == 2 and not op.wakers[old].is_set()  # the next one waits its interval
