@@ -234,9 +234,9 @@ class JobLoop:
         refused = await asyncio.to_thread(self.actuator.apply, self.key, self.body, spec, decision)
         acted = time.perf_counter()
         if self.actuator.gone and (ghosts := self.op.ghosts.mark(pod_list, self.key[0], self.actuator.gone)):
-            log.warning("%s/%s: the API server has no pod %s, though the watch still shows it (a "
-                        "deletion the watch missed): leaving it out from now on", *self.key,
-                        ", ".join(sorted(self.actuator.gone)))
+            # Mostly a deletion the watch has not delivered yet; sometimes one it never will.
+            log.info("%s/%s: the API server has no pod %s though the watch cache shows it: "
+                     "leaving it out from now on", *self.key, ", ".join(sorted(self.actuator.gone)))
             METRICS.ghost_pods.inc(len(ghosts))
             self.op.wake(self.key)
             self.op.wake_for_capacity()

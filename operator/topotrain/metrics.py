@@ -60,7 +60,8 @@ class Metrics:
         )
         self.ghost_pods = Counter(
             "topotrain_ghost_pods", "Pods the watch cache showed that the API server said were gone "
-            "(a missed deletion, left out of planning from then on)", registry=r,
+            "(a 404 to a call of ours, mostly a deletion the watch had not delivered yet; or missing "
+            "from two LISTs, a deletion it missed); left out of planning from then on", registry=r,
         )
         self._phases: dict[tuple[str, str], str] = {}
         for phase in PHASES:

@@ -225,19 +225,28 @@ def check_lost_work(t: Timeline) -> Verdict:
     return verdict("6 lost work <= interval + steps since the last commit", checked, problems)
 
 
+S3_FAULTS = ("s3-down", "s3-errors", "s3-slow")
+
+
 def check_retention(t: Timeline, grace: float = 30.0) -> Verdict:
-    """More than keep + 1 is allowed only within `grace` s of the newest commit: a trainer killed
-    between a COMMITTED and its retention leaves one more until the next commit's retention."""
+    """More than keep + 1 is allowed only within `grace` s of the newest commit (a trainer killed
+    between a COMMITTED and its retention leaves one more until the next attempt's retention), or
+    of the end of an S3 fault (retention is the store's deletes: they fail while it errs)."""
     problems: list[str] = []
     notes: list[str] = []
     newest: dict[str, int] = {}
+    heals = {r["index"]: float(r["t"]) for r in t.heals}
+    outages = [(float(f["t"]), heals.get(f["index"], float("inf"))) for f in t.faults if f["kind"] in S3_FAULTS]
     for record in t.s3:
+        now = float(record["t"])
+        # the end of the latest S3 fault begun by now (the future while it lasts)
+        store_back = max((end for start, end in outages if start <= now), default=float("-inf"))
         for job, steps in record["committed"].items():
             present = {int(s) for s, _ in steps}
             keep = t.created.get(job, {}).get("keep", 1)
             if len(present) > keep + 1:
                 line = f"t={record['t']:.0f}: {job} has {len(present)} committed (keep {keep})"
-                young = record["t"] - max(float(m) for _, m in steps) < grace
+                young = now - max([max(float(m) for _, m in steps), store_back]) < grace
                 (notes if young else problems).append(line + (", retention in flight" if young else ""))
             gone = job in newest and newest[job] not in present and max(present, default=-1) < newest[job]
             if gone and job not in t.deleted:

@@ -180,6 +180,15 @@ def test_retention_keeps_at_most_keep_plus_one_and_never_drops_the_newest() -> N
     fresh = [created("a"), s3(T0, {"a": [(10, 1), (20, 2), (30, 3), (40, T0 - 5)]})]
     verdict = checkers.check_retention(timeline(fresh))
     assert verdict.ok and "retention in flight" in verdict.notes[0]
+    # Long soak seed 1302: the commit's retention failed while the store erred, and the next
+    # attempt's retention ran 8 s after the store answered again (38 s after the commit): a note.
+    errors = {"t": T0 - 40, "type": "fault", "index": 3, "kind": "s3-errors", "jobs": ["a"], "duration": 32}
+    healed = {"t": T0 - 8, "type": "heal", "index": 3, "kind": "s3-errors"}
+    late = [created("a"), errors, healed, s3(T0, {"a": [(10, 1), (20, 2), (30, 3), (40, T0 - 38)]})]
+    verdict = checkers.check_retention(timeline(late))
+    assert verdict.ok and "retention in flight" in verdict.notes[0]
+    late[2] = {**healed, "t": T0 - 31}  # the store answered 31 s before: retention had its chance
+    assert not checkers.check_retention(timeline(late)).ok
     dropped = [created("a"), s3(T0, {"a": [(20, 2), (30, 3)]}), s3(T0 + 1, {"a": [(20, 2)]})]
     assert "newest committed step 30 is gone" in checkers.check_retention(timeline(dropped)).details[0]
 
