@@ -125,11 +125,15 @@ class Operator:
             names = sorted(f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}" for p in found)
             log.warning("the watch cache shows %d pod(s) two LISTs do not (deletions the watch "
                         "missed): leaving them out from now on: %s", len(found), ", ".join(names[:10]))
-            METRICS.ghost_pods.inc(len(found))
-            for pod in found:
-                if (key := job_of(pod)) is not None:
-                    self.wake(key)
-            self.wake_for_capacity()
+            self.ghosts_found(len(found), {k for k in map(job_of, found) if k is not None})
+
+    def ghosts_found(self, count: int, jobs: Iterable[JobKey]) -> None:
+        """Ghost pods left the snapshot: count them; their jobs and those waiting for capacity
+        (the GPUs a ghost held are free to plan with now) look again."""
+        METRICS.ghost_pods.inc(count)
+        for key in jobs:
+            self.wake(key)
+        self.wake_for_capacity()
 
     def forget(self, key: JobKey) -> None:
         self.wakers.pop(key, None)
@@ -237,9 +241,7 @@ class JobLoop:
             # Mostly a deletion the watch has not delivered yet; sometimes one it never will.
             log.info("%s/%s: the API server has no pod %s though the watch cache shows it: "
                      "leaving it out from now on", *self.key, ", ".join(sorted(self.actuator.gone)))
-            METRICS.ghost_pods.inc(len(ghosts))
-            self.op.wake(self.key)
-            self.op.wake_for_capacity()
+            self.op.ghosts_found(len(ghosts), [self.key])
         if refused:
             await self._refused(decision.status, refused)
         elif decision.launch is not None and self.last_refusal is not None:

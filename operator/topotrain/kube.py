@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
@@ -236,55 +236,41 @@ class Kube:
     # The pod calls below return the names the API server answered 404 for (no such pod now):
     # the caller leaves them out of its watch cache (snapshot.Ghosts).
 
-    def release_pods(self, namespace: str, names: list[str]) -> list[str]:
-        """Remove the gang scheduling gate from every pod, together."""
+    def _each_pod(self, names: list[str], call: Callable[[str], object],
+                  tolerated: tuple[int, ...] = ()) -> list[str]:
+        """`call(name)` for every name, in parallel; the names answered 404, in order. Other
+        errors raise, except the statuses in `tolerated`."""
 
         def one(name: str) -> str | None:
             try:
-                self.core.patch_namespaced_pod(
-                    name, namespace, [{"op": "remove", "path": "/spec/schedulingGates"}],
-                    field_manager=FIELD_OWNER, _content_type="application/json-patch+json",
-                )
+                call(name)
             except ApiException as exc:
                 if exc.status == 404:
                     return name
-                if exc.status != 422:  # 422: already released
+                if exc.status not in tolerated:
                     raise
             return None
 
         return [n for n in self.pool.map(one, names) if n is not None]
+
+    def release_pods(self, namespace: str, names: list[str]) -> list[str]:
+        """Remove the gang scheduling gate from every pod, together (422: already released)."""
+        return self._each_pod(names, lambda name: self.core.patch_namespaced_pod(
+            name, namespace, [{"op": "remove", "path": "/spec/schedulingGates"}],
+            field_manager=FIELD_OWNER, _content_type="application/json-patch+json",
+        ), tolerated=(422,))
 
     def patch_pods(self, namespace: str, names: list[str], patch: Mapping[str, Any]) -> list[str]:
         """The same JSON merge patch on each pod's metadata (a pod gone meanwhile is skipped)."""
-
-        def one(name: str) -> str | None:
-            try:
-                self.core.patch_namespaced_pod(
-                    name, namespace, dict(patch), field_manager=FIELD_OWNER,
-                    _content_type="application/merge-patch+json",
-                )
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-                return name
-            return None
-
-        return [n for n in self.pool.map(one, names) if n is not None]
+        return self._each_pod(names, lambda name: self.core.patch_namespaced_pod(
+            name, namespace, dict(patch), field_manager=FIELD_OWNER,
+            _content_type="application/merge-patch+json",
+        ))
 
     def delete_pods(self, namespace: str, names: list[str], grace_seconds: int) -> list[str]:
-        def one(name: str) -> str | None:
-            try:
-                self.core.delete_namespaced_pod(
-                    name, namespace, grace_period_seconds=grace_seconds,
-                    propagation_policy="Background",
-                )
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-                return name
-            return None
-
-        return [n for n in self.pool.map(one, names) if n is not None]
+        return self._each_pod(names, lambda name: self.core.delete_namespaced_pod(
+            name, namespace, grace_period_seconds=grace_seconds, propagation_policy="Background",
+        ))
 
     def rank_table(self, namespace: str, job: str, uid: str | None = None) -> RankTable | None:
         """The job's rank table; with `uid`, raises ForeignObject when another owns the ConfigMap."""

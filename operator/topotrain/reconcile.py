@@ -185,7 +185,7 @@ def _lost_nodes(obs: Observed, sb: StatusBuilder, nodes: Mapping[int, str],
     """Nodes of the previous placement that a recovery must move off: gone, NotReady or avoided."""
     avoided = policy.avoided_nodes(sb.status.node_failures) if avoiding else frozenset()
     return frozenset(
-        n for n in nodes.values() if n not in obs.nodes or not obs.nodes[n].ready or n in avoided
+        n for n in nodes.values() if not _ready(obs, n) or n in avoided
     )
 
 
@@ -435,18 +435,20 @@ def _overdue(obs: Observed) -> list[str]:
     deletion the watch missed: snapshot.Ghosts); the API server's 404 to this delete says so, and
     for a real pod the delete changes nothing.
     """
-    def ready(node: str) -> bool:
-        return node in obs.nodes and obs.nodes[node].ready
-
-    return [p.name for p in obs.pods if p.terminating and p.deletion_deadline and ready(p.node)
+    return [p.name for p in obs.pods if p.terminating and p.deletion_deadline and _ready(obs, p.node)
             and (obs.now - parse(p.deletion_deadline)).total_seconds() > OVERDUE_SECONDS]
+
+
+def _ready(obs: Observed, node: str) -> bool:
+    """The node is in the cluster and Ready (its kubelet acts on its pods)."""
+    return node in obs.nodes and obs.nodes[node].ready
 
 
 def _blocking(obs: Observed, attempt: int, nodes: set[str]) -> bool:
     """Older pods still on healthy nodes the new gang needs (pods on lost nodes never block)."""
     return any(
         p.attempt < attempt and p.phase not in ("Failed", "Succeeded") and p.where in nodes
-        and p.where in obs.nodes and obs.nodes[p.where].ready
+        and _ready(obs, p.where)
         for p in obs.pods
     )
 
@@ -468,7 +470,7 @@ def _still_saving(obs: Observed, sb: StatusBuilder, current: list[policy.PodView
     if obs.checkpoint is None or not obs.checkpoint.reachable:
         return 0.0, obs.now
     stopping = [p for p in current if p.terminating and p.phase not in ("Failed", "Succeeded")
-                and p.where in obs.nodes and obs.nodes[p.where].ready]
+                and _ready(obs, p.where)]
     if not stopping:
         return 0.0, obs.now
     since = _saving_since(sb, obs.now)

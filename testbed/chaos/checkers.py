@@ -31,6 +31,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from testbed.chaos.catalogue import Kind
 from testbed.chaos.timeline import TERMINAL, Timeline, Verdict, timestamp, verdict
 
 BUDGET_REASONS = {"MaxRestartsExceeded": "maxRestarts",
@@ -225,7 +226,7 @@ def check_lost_work(t: Timeline) -> Verdict:
     return verdict("6 lost work <= interval + steps since the last commit", checked, problems)
 
 
-S3_FAULTS = ("s3-down", "s3-errors", "s3-slow")
+S3_FAULTS = {Kind.S3_DOWN, Kind.S3_ERRORS, Kind.S3_SLOW}
 
 
 def check_retention(t: Timeline, grace: float = 30.0) -> Verdict:
