@@ -5,6 +5,8 @@ CRD's OpenAPI schema from them, and every rule the API server can check is
 also enforced here (as CEL in the CRD, as validators in Python; the
 allowed-data-degree rule of `topotrain.degrees` in `validate_manifest`), so a
 spec that passes one passes the other. Aliases are the camelCase wire names.
+The parts of the pod template passed through as given (volumes, mounts, pod
+labels and annotations) and their rules live in `topotrain.api_pod`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,17 @@ from pydantic import (
 )
 
 from topotrain import GROUP, KIND, VERSION, degrees
+from topotrain.api_pod import (
+    ANNOTATIONS_RULE,
+    LABELS_RULE,
+    MAX_METADATA,
+    MOUNT_VOLUME_RULE,
+    PodAnnotations,
+    PodLabels,
+    Volume,
+    VolumeMount,
+    volume_problems,
+)
 from topotrain.contract import RANK_ORDERS, RESERVED
 from topotrain.status import TrainingJobStatus
 
@@ -182,7 +195,7 @@ SECURITY_CONTEXT_RULE = {
 class WorkerSpec(_Model):
     """How each pod of the gang looks and where it may run."""
 
-    model_config = ConfigDict(json_schema_extra=_cel(SECURITY_CONTEXT_RULE))
+    model_config = ConfigDict(json_schema_extra=_cel(SECURITY_CONTEXT_RULE, MOUNT_VOLUME_RULE))
 
     gpus_per_pod: int = Field(
         8, alias="gpusPerPod", ge=1, le=64,
@@ -242,6 +255,35 @@ class WorkerSpec(_Model):
         default_factory=list, max_length=MAX_ENV, description="Environment added to the trainer container.",
         json_schema_extra={"default": [], **_cel(ENV_RULE)},
     )
+    # The pass-through fields below default to None, not []: a job that sets none of them keeps
+    # its template_hash across an operator upgrade, so its gang does not roll.
+    volumes: list[Volume] | None = Field(
+        None, max_length=MAX_LIST,
+        description="core/v1 Volumes added to every pod after the operator's own (dshm at "
+        "/dev/shm, topotrain-control at /etc/topotrain). Names are unique.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    volume_mounts: list[VolumeMount] | None = Field(
+        None, alias="volumeMounts", max_length=MAX_LIST,
+        description="core/v1 VolumeMounts added to the trainer container, each of a volume of "
+        "worker.volumes. Mount paths are unique.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["mountPath"]},
+    )
+    image_pull_secrets: list[Annotated[str, Field(min_length=1, max_length=253)]] | None = Field(
+        None, alias="imagePullSecrets", max_length=MAX_LIST,
+        description="Names of Secrets in the job's namespace to pull the image with.",
+    )
+    labels: PodLabels | None = Field(
+        None, max_length=MAX_METADATA,
+        description="Labels added to every pod; not topotrain.io/ keys or "
+        "app.kubernetes.io/managed-by (the operator's).",
+        json_schema_extra=_cel(LABELS_RULE),
+    )
+    annotations: PodAnnotations | None = Field(
+        None, max_length=MAX_METADATA,
+        description="Annotations added to every pod; not topotrain.io/ keys (the operator's).",
+        json_schema_extra=_cel(ANNOTATIONS_RULE),
+    )
 
     @model_validator(mode="after")
     def _security_context_needs_unrestricted(self) -> WorkerSpec:
@@ -250,6 +292,13 @@ class WorkerSpec(_Model):
                 "spec.worker.securityContext requires spec.worker.podSecurity: Unrestricted "
                 f"(it is {self.pod_security})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _mounts_name_volumes(self) -> WorkerSpec:
+        problems = volume_problems(self.volumes or [], self.volume_mounts or [])
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
 
@@ -505,7 +554,9 @@ def validate_manifest(manifest: dict[str, Any]) -> list[str]:
         parsed = TrainingJobSpec.model_validate(spec)
     except ValidationError as exc:
         for err in exc.errors():
-            path = ".".join(str(part) for part in ("spec", *err["loc"]))
+            path = "spec" + "".join(
+                f"[{part}]" if isinstance(part, int) else f".{part}" for part in err["loc"]
+            )
             problems.append(f"{path}: {err['msg']}")
         return problems
     # Checked here and in CEL, not in the model: a spec stored before the rule still parses,

@@ -50,6 +50,11 @@ RESUME_STEP_ANNOTATION = "topotrain.io/resume-step"  # "" = start fresh
 MASTER_ADDR_ANNOTATION = "topotrain.io/master-addr"  # rank 0's address for that attempt
 MASTER_PORT_ANNOTATION = "topotrain.io/master-port"  # optional: rank 0's port for that attempt
 
+# Every pod's memory-backed /dev/shm (NCCL, data loaders). With CONTROL_VOLUME these are the
+# pod's own volumes: a job's worker.volumes and volumeMounts keep clear of their names and paths.
+SHM_VOLUME = "dshm"
+SHM_DIR = "/dev/shm"
+
 # A trainer pod's exit code after SIGTERM once the checkpoint of its current step committed
 # (EX_TEMPFAIL): a planned stop with nothing lost, never the application's failure.
 EXIT_STOPPED = 75

@@ -56,10 +56,15 @@ def _structural(node: Schema) -> Schema:
         node.pop(key, None)
     if node.get("additionalProperties") is False:
         node.pop("additionalProperties")
+    if node.get("additionalProperties") is True:  # a model with extra="allow": keys pass as given
+        node.pop("additionalProperties")
+        node["x-kubernetes-preserve-unknown-fields"] = True
     if "const" in node:
         node["enum"] = [node.pop("const")]
     if "maxLength" in node and node.get("type") == "array":
         node["maxItems"] = node.pop("maxLength")
+    if "maxLength" in node and node.get("type") == "object":
+        node["maxProperties"] = node.pop("maxLength")
     if "properties" in node:
         node["type"] = "object"
         node["properties"] = {k: _structural(v) for k, v in node["properties"].items()}

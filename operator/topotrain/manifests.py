@@ -27,6 +27,7 @@ from typing import Any
 
 from topotrain import GROUP, KIND, VERSION
 from topotrain.api import TrainingJobSpec, WorkerSpec
+from topotrain.api_pod import MANAGED_BY
 from topotrain.checkpoints import job_prefix
 from topotrain.contract import (
     ACCESS_KEY_ID,
@@ -38,6 +39,8 @@ from topotrain.contract import (
     RESUME_STEP_ANNOTATION,
     S3_ENDPOINT,
     SECRET_ACCESS_KEY,
+    SHM_DIR,
+    SHM_VOLUME,
     TrainerEnv,
     rank_coords,
 )
@@ -45,7 +48,6 @@ from topotrain.contract import (
 JOB_LABEL = "topotrain.io/job"
 ATTEMPT_LABEL = "topotrain.io/attempt"
 INDEX_LABEL = "topotrain.io/index"
-MANAGED_BY = "app.kubernetes.io/managed-by"
 NODE_ANNOTATION = "topotrain.io/node"
 RESUME_ANNOTATION = RESUME_STEP_ANNOTATION
 TEMPLATE_ANNOTATION = "topotrain.io/template"  # hash of the spec fields the pods are built from
@@ -273,9 +275,6 @@ def _resources(spec: TrainingJobSpec) -> dict[str, Any]:
     return {"requests": requests, "limits": limits}
 
 
-SHM_VOLUME = "dshm"
-
-
 def _pod_security_context(worker: WorkerSpec) -> dict[str, Any] | None:
     """Restricted: a non-root user and RuntimeDefault seccomp for the whole pod."""
     if worker.pod_security != "Restricted":
@@ -309,29 +308,21 @@ def _control_volume() -> dict[str, Any]:
     ]}}
 
 
-def pod(job: JobMeta, spec: TrainingJobSpec, plan: PodPlan) -> dict[str, Any]:
-    """One training pod, gated, pinned to its planned node; the scheduler still binds it."""
-    name = pod_name(job.name, plan.attempt, plan.index)
-    meta = _metadata(job, name, labels(job.name, plan.attempt, plan.index))
-    meta["annotations"] = {
-        NODE_ANNOTATION: plan.node,
-        RESUME_ANNOTATION: "" if plan.resume_step is None else str(plan.resume_step),
-        TEMPLATE_ANNOTATION: template_hash(spec),
-        ATTEMPT_ANNOTATION: str(plan.attempt),
-        MASTER_ADDR_ANNOTATION: plan.master_addr or master_addr(job.name, job.namespace, plan.attempt),
-    }
+def _trainer_container(job: JobMeta, spec: TrainingJobSpec, plan: PodPlan) -> dict[str, Any]:
+    worker = spec.worker
     container: dict[str, Any] = {
         "name": CONTAINER, "image": spec.image, "env": _env(spec, job, plan),
         "resources": _resources(spec),
         "ports": [{"name": "rendezvous", "containerPort": plan.master_port}],
         "volumeMounts": [
-            {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+            {"name": SHM_VOLUME, "mountPath": SHM_DIR},
             {"name": CONTROL_VOLUME, "mountPath": CONTROL_DIR, "readOnly": True},
+            *(mount.to_wire() for mount in worker.volume_mounts or []),
         ],
         # the crashed container's last log lines survive as its termination message
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    container_security = _container_security_context(spec.worker)
+    container_security = _container_security_context(worker)
     if container_security is not None:
         container["securityContext"] = container_security
     if spec.image_pull_policy:
@@ -340,6 +331,24 @@ def pod(job: JobMeta, spec: TrainingJobSpec, plan: PodPlan) -> dict[str, Any]:
         container["command"] = list(spec.command)
     if spec.args:
         container["args"] = list(spec.args)
+    return container
+
+
+def pod(job: JobMeta, spec: TrainingJobSpec, plan: PodPlan) -> dict[str, Any]:
+    """One training pod, gated, pinned to its planned node; the scheduler still binds it."""
+    name = pod_name(job.name, plan.attempt, plan.index)
+    worker = spec.worker
+    # The spec's labels and annotations go first so that the operator's keys win (the API
+    # refuses a spec that sets them anyway).
+    meta = _metadata(job, name, {**(worker.labels or {}), **labels(job.name, plan.attempt, plan.index)})
+    meta["annotations"] = {
+        **(worker.annotations or {}),
+        NODE_ANNOTATION: plan.node,
+        RESUME_ANNOTATION: "" if plan.resume_step is None else str(plan.resume_step),
+        TEMPLATE_ANNOTATION: template_hash(spec),
+        ATTEMPT_ANNOTATION: str(plan.attempt),
+        MASTER_ADDR_ANNOTATION: plan.master_addr or master_addr(job.name, job.namespace, plan.attempt),
+    }
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "hostname": name,
@@ -351,20 +360,23 @@ def pod(job: JobMeta, spec: TrainingJobSpec, plan: PodPlan) -> dict[str, Any]:
                 {"key": "metadata.name", "operator": "In", "values": [plan.node]},
             ]}],
         }}},
-        "tolerations": [t.to_wire() for t in spec.worker.tolerations],
-        "containers": [container],
-        "volumes": [_shm_volume(spec.worker), _control_volume()],
-        "automountServiceAccountToken": spec.worker.automount_service_account_token,
+        "tolerations": [t.to_wire() for t in worker.tolerations],
+        "containers": [_trainer_container(job, spec, plan)],
+        # the operator's volumes first, then the spec's
+        "volumes": [_shm_volume(worker), _control_volume(), *(v.to_wire() for v in worker.volumes or [])],
+        "automountServiceAccountToken": worker.automount_service_account_token,
     }
-    pod_security = _pod_security_context(spec.worker)
+    pod_security = _pod_security_context(worker)
     if pod_security is not None:
         pod_spec["securityContext"] = pod_security
-    if spec.worker.node_selector:
-        pod_spec["nodeSelector"] = dict(spec.worker.node_selector)
-    if spec.worker.service_account_name:
-        pod_spec["serviceAccountName"] = spec.worker.service_account_name
-    if spec.worker.priority_class_name:
-        pod_spec["priorityClassName"] = spec.worker.priority_class_name
+    if worker.node_selector:
+        pod_spec["nodeSelector"] = dict(worker.node_selector)
+    if worker.service_account_name:
+        pod_spec["serviceAccountName"] = worker.service_account_name
+    if worker.priority_class_name:
+        pod_spec["priorityClassName"] = worker.priority_class_name
+    if worker.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": secret} for secret in worker.image_pull_secrets]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
 
 

@@ -176,3 +176,30 @@ def test_defaults_are_applied_by_the_api_server(kube: Kube, crd: None, namespace
     assert spec["rankOrder"] == "tp-pp-dp"
     assert spec["topology"] == {"tensor": "Required", "pipeline": "Preferred", "data": "Preferred"}
     assert spec["failurePolicy"]["maxRestarts"] == 20
+
+
+def test_pass_through_fields_are_stored_whole_and_keep_clear_of_the_operators(
+    kube: Kube, crd: None, namespace: str
+) -> None:
+    worker: dict[str, object] = {
+        "gpusPerPod": 2,
+        "volumes": [{"name": "datasets", "persistentVolumeClaim": {"claimName": "datasets", "readOnly": True}},
+                    {"name": "hf-cache", "ephemeral": {"volumeClaimTemplate": {"spec": {
+                        "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Ti"}}}}}}],
+        "volumeMounts": [{"name": "datasets", "mountPath": "/datasets", "readOnly": True},
+                         {"name": "hf-cache", "mountPath": "/cache", "subPath": "hub"}],
+        "imagePullSecrets": ["registry"],
+        "labels": {"team": "llm"},
+        "annotations": {"example.com/owner": "ml-platform"},
+    }
+    manifest = yaml.safe_load(job("passed"))
+    manifest["spec"]["worker"] = worker
+    create(kube, namespace, yaml.safe_dump(manifest))
+    stored = json.loads(kube.kubectl("-n", namespace, "get", "tj", "passed", "-o", "json").stdout)
+    assert {k: v for k, v in stored["spec"]["worker"].items() if k in worker} == worker, "nothing pruned"
+    patch = {"spec": {"worker": {"volumes": [{"name": "dshm", "emptyDir": {}}], "volumeMounts": None}}}
+    refused = kube.kubectl("-n", namespace, "patch", "tj", "passed", "--type=merge",
+                           "-p", json.dumps(patch), check=False)
+    assert refused.returncode != 0
+    assert "spec.worker.volumes[0].name" in refused.stderr, refused.stderr
+    assert "must not be dshm or topotrain-control" in refused.stderr, refused.stderr

@@ -40,7 +40,9 @@ def test_there_is_an_invalid_example_per_rule() -> None:
     assert {
         "spec.parallelism.tensor", "spec.parallelism.pipeline", "spec.parallelism.data",
         "spec.parallelism.minData", "spec.worker.gpusPerPod", "spec.checkpoint.uri",
-        "spec.failurePolicy.maxRestarts", "spec.rankOrder",
+        "spec.failurePolicy.maxRestarts", "spec.rankOrder", "spec.worker.volumes[0].name",
+        "spec.worker.volumes[1]", "spec.worker.volumeMounts", "spec.worker.volumeMounts[0].mountPath",
+        "spec.worker.labels", "spec.worker.annotations",
     } <= fields
 
 
@@ -101,3 +103,59 @@ def test_wire_round_trip_keeps_camel_case() -> None:
     assert wire["checkpoint"]["intervalSteps"] == 5
     assert wire["worker"]["gpusPerPod"] == 2
     assert TrainingJobSpec.model_validate(wire) == spec
+
+
+DATA = {"name": "data", "persistentVolumeClaim": {"claimName": "datasets"}}
+AT_DATA = {"name": "data", "mountPath": "/data", "readOnly": True}
+
+
+@pytest.mark.parametrize(
+    ("worker", "error"),
+    [
+        ({"volumes": [DATA], "volumeMounts": [AT_DATA], "imagePullSecrets": ["registry"],
+          "labels": {"team": "llm", "topology.topotrain.io/rack": "r1"},
+          "annotations": {"example.com/owner": "ml-platform"}}, None),
+        ({"volumes": [DATA, {"name": "dshm", "emptyDir": {}}]},
+         "spec.worker.volumes[1].name: Value error, must not be dshm or topotrain-control"),
+        ({"volumes": [{"name": "topotrain-control", "emptyDir": {}}]}, "spec.worker.volumes[0].name"),
+        ({"volumes": [{"emptyDir": {}}]}, "spec.worker.volumes[0].name: Field required"),
+        ({"volumes": [{"name": "Data", "emptyDir": {}}]}, "spec.worker.volumes[0].name: String should match"),
+        ({"volumes": [DATA, {"name": "data", "emptyDir": {}}]},
+         "spec.worker.volumes[1].name: Duplicate value 'data' (spec.worker.volumes[0] has it)"),
+        ({"volumes": [DATA], "volumeMounts": [{**AT_DATA, "mountPath": "/dev/shm"}]},
+         "spec.worker.volumeMounts[0].mountPath: Value error, must not be /dev/shm or /etc/topotrain"),
+        ({"volumes": [DATA], "volumeMounts": [{**AT_DATA, "mountPath": "/dev/shm/"}]},
+         "spec.worker.volumeMounts[0].mountPath"),
+        ({"volumes": [DATA], "volumeMounts": [{**AT_DATA, "mountPath": "/etc/topotrain/annotations"}]},
+         "spec.worker.volumeMounts[0].mountPath"),
+        ({"volumes": [DATA], "volumeMounts": [{**AT_DATA, "mountPath": "/dev/shmem"}]}, None),
+        ({"volumes": [DATA], "volumeMounts": [{**AT_DATA, "mountPath": "/etc"}]}, None),
+        ({"volumes": [DATA], "volumeMounts": [{"name": "data"}]},
+         "spec.worker.volumeMounts[0].mountPath: Field required"),
+        ({"volumes": [DATA], "volumeMounts": [AT_DATA, {**AT_DATA, "name": "model"}]},
+         "spec.worker.volumeMounts[1].name: 'model' is not in spec.worker.volumes"),
+        ({"volumeMounts": [AT_DATA]}, "spec.worker.volumeMounts[0].name: 'data' is not in spec.worker.volumes"),
+        ({"volumes": [DATA], "volumeMounts": [AT_DATA, {**AT_DATA, "readOnly": False}]},
+         "spec.worker.volumeMounts[1].mountPath: Duplicate value '/data'"),
+        ({"imagePullSecrets": [""]}, "spec.worker.imagePullSecrets[0]: String should have at least 1 character"),
+        ({"labels": {"topotrain.io/job": "other", "team": "llm"}},
+         "spec.worker.labels: Value error, must not set a label the operator sets (topotrain.io/ keys, "
+         "app.kubernetes.io/managed-by): topotrain.io/job"),
+        ({"labels": {"app.kubernetes.io/managed-by": "me"}}, "spec.worker.labels"),
+        ({"annotations": {"topotrain.io/checkpoint-request": "1"}},
+         "spec.worker.annotations: Value error, must not set an annotation the operator sets"),
+        ({"annotations": {"app.kubernetes.io/managed-by": "me"}}, None),
+    ],
+)
+def test_pass_through_rules(worker: dict[str, Any], error: str | None) -> None:
+    problems = validate_manifest(base(worker={"gpusPerPod": 2, **worker}))
+    if error is None:
+        assert problems == []
+    else:
+        assert any(error in p for p in problems), problems
+
+
+def test_all_volume_problems_are_named_at_once() -> None:
+    worker = {"gpusPerPod": 2, "volumes": [DATA, DATA], "volumeMounts": [{**AT_DATA, "name": "model"}]}
+    (problem,) = validate_manifest(base(worker=worker))
+    assert "spec.worker.volumes[1].name" in problem and "spec.worker.volumeMounts[0].name" in problem

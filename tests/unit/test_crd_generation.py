@@ -43,7 +43,7 @@ def test_every_field_has_a_description() -> None:
     assert _walk(schema(), "") == []
 
 
-def test_only_training_is_free_form() -> None:
+def test_only_training_and_core_objects_passed_through_are_free_form() -> None:
     def free_form(node: dict[str, Any], path: str) -> list[str]:
         found = [path] if node.get("x-kubernetes-preserve-unknown-fields") else []
         for name, child in node.get("properties", {}).items():
@@ -54,7 +54,7 @@ def test_only_training_is_free_form() -> None:
 
     assert free_form(schema()["properties"]["spec"], "spec") == [
         "spec.env[].valueFrom", "spec.worker.securityContext", "spec.worker.env[].valueFrom",
-        "spec.training",
+        "spec.worker.volumes[]", "spec.worker.volumeMounts[]", "spec.training",
     ]
 
 

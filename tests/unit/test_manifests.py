@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from topotrain.api import TrainingJobSpec
+from topotrain.api_pod import operator_annotation, operator_label
 from topotrain.contract import TrainerEnv
 from topotrain.manifests import (
     GANG_GATE,
@@ -19,6 +20,7 @@ from topotrain.manifests import (
     rank_table,
     restart_in_place_patch,
     service,
+    template_hash,
 )
 
 JOB = JobMeta("llm", "team", "uid-1")
@@ -194,3 +196,79 @@ def test_the_network_policy_lets_only_the_gang_in() -> None:
     assert policy["spec"]["policyTypes"] == ["Ingress"], "egress stays open (S3, DNS)"
     # one rule, from the gang's pods, with no port list: every port, for them alone
     assert policy["spec"]["ingress"] == [{"from": [{"podSelector": gang}]}]
+
+
+PASS_THROUGH = {
+    "gpusPerPod": 2,
+    "volumes": [{"name": "datasets", "persistentVolumeClaim": {"claimName": "datasets", "readOnly": True}},
+                {"name": "hf-cache", "emptyDir": {"sizeLimit": "100Gi"}}],
+    "volumeMounts": [{"name": "datasets", "mountPath": "/datasets", "readOnly": True},
+                     {"name": "hf-cache", "mountPath": "/cache/huggingface", "subPath": "hub"}],
+    "imagePullSecrets": ["registry", "mirror"],
+    "labels": {"team": "llm", "example.com/cost-centre": "research"},
+    "annotations": {"example.com/owner": "ml-platform"},
+}
+
+
+def test_volumes_pull_secrets_and_pod_metadata_pass_through_after_the_operators_own() -> None:
+    p = pod(JOB, spec(worker=PASS_THROUGH), PodPlan(3, 1, "gpu-7", 2, None))
+    assert [v["name"] for v in p["spec"]["volumes"]] == ["dshm", "topotrain-control", "datasets", "hf-cache"]
+    assert p["spec"]["volumes"][2:] == PASS_THROUGH["volumes"], "kept whole, undeclared keys included"
+    mounts = p["spec"]["containers"][0]["volumeMounts"]
+    assert [m["mountPath"] for m in mounts[:2]] == ["/dev/shm", "/etc/topotrain"]
+    assert mounts[2:] == PASS_THROUGH["volumeMounts"]
+    assert p["spec"]["imagePullSecrets"] == [{"name": "registry"}, {"name": "mirror"}]
+    labels, notes = p["metadata"]["labels"], p["metadata"]["annotations"]
+    assert labels["team"] == "llm" and labels["example.com/cost-centre"] == "research"
+    assert (labels["topotrain.io/job"], labels["topotrain.io/attempt"], labels["topotrain.io/index"]) == (
+        "llm", "3", "1")
+    assert notes["example.com/owner"] == "ml-platform" and notes["topotrain.io/node"] == "gpu-7"
+    bare = pod(JOB, spec(), PodPlan(3, 1, "gpu-7", 2, None))
+    assert "imagePullSecrets" not in bare["spec"] and len(bare["spec"]["volumes"]) == 2
+
+
+def test_a_spec_cannot_set_the_pod_labels_and_annotations_the_operator_sets() -> None:
+    p = pod(JOB, spec(worker=PASS_THROUGH), PodPlan(3, 1, "gpu-7", 2, 40))
+    own_labels = p["metadata"]["labels"].keys() - PASS_THROUGH["labels"].keys()
+    own_notes = p["metadata"]["annotations"].keys() - PASS_THROUGH["annotations"].keys()
+    assert own_labels and all(operator_label(key) for key in own_labels)
+    assert own_notes and all(operator_annotation(key) for key in own_notes)
+    assert all(operator_annotation(key) for key in restart_in_place_patch(4, None, "a")["metadata"]["annotations"])
+
+
+def test_extended_resources_reach_the_container_beside_the_gpus() -> None:
+    rdma = {"rdma/rdma_shared_device_a": 1}
+    worker = {"gpusPerPod": 2, "resources": {"requests": {"cpu": "16", **rdma}, "limits": rdma}}
+    res = pod(JOB, spec(worker=worker), PodPlan(0, 0, "n", 2, None))["spec"]["containers"][0]["resources"]
+    assert res == {
+        "requests": {"cpu": "16", "rdma/rdma_shared_device_a": 1, "nvidia.com/gpu": "2"},
+        "limits": {"rdma/rdma_shared_device_a": 1, "nvidia.com/gpu": "2"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("volumes", [{"name": "datasets", "persistentVolumeClaim": {"claimName": "other"}},
+                     PASS_THROUGH["volumes"][1]]),
+        ("volumeMounts", [{"name": "datasets", "mountPath": "/datasets"}]),
+        ("imagePullSecrets", ["registry"]),
+        ("labels", {"team": "vision"}),
+        ("annotations", {"example.com/owner": "someone-else"}),
+        ("shmSize", "32Gi"),
+    ],
+)
+def test_editing_a_pass_through_field_rolls_the_gang(field: str, value: Any) -> None:
+    before = spec(worker=PASS_THROUGH)
+    after = spec(worker={**PASS_THROUGH, field: value})
+    assert template_hash(after) != template_hash(before)
+    assert template_hash(spec(worker=dict(PASS_THROUGH))) == template_hash(before)
+
+
+def test_a_job_without_pass_through_fields_keeps_its_template_hash_across_an_upgrade() -> None:
+    """Absent, not [] or {}: the pods of a job stored before these fields existed still match."""
+    worker = spec().to_wire()["worker"]
+    assert not {"volumes", "volumeMounts", "imagePullSecrets", "labels", "annotations"} & worker.keys()
+    # The hash the operator before these fields gave this spec: a new value here would roll
+    # every running gang when the operator is upgraded.
+    assert template_hash(spec()) == "17b993a29409e83a"
