@@ -14,7 +14,7 @@
 #   5. pytest tests/kind against it
 #   6. the cluster deleted; the host's kernel settings compared with those
 #      before the run, and no container, network or volume of ours left
-# Extra arguments go to pytest. Environment: KIND_CLUSTER (default topotrain),
+# `--prepare` stops after step 2. Extra arguments go to pytest. Environment: KIND_CLUSTER (default topotrain),
 # KEEP_CLUSTER=1 keeps the cluster (and skips the after-run checks).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,11 +27,20 @@ export KIND_EXPERIMENTAL_DOCKER_NETWORK=${KIND_EXPERIMENTAL_DOCKER_NETWORK:-topo
 version=$(sed -nE 's/^version = "(.*)"/\1/p' pyproject.toml)
 operator_image=ghcr.io/topotrain/operator:$version
 trainer_image=ghcr.io/topotrain/trainer:$version-cpu
+# The S3 server: versitygw from the image scripts/kind/images.sh builds, or MinIO from
+# MINIO_IMAGE when that image is present or can be pulled (as on a user's machine;
+# nothing can be pulled on ours, so there it falls back to versitygw).
 s3_image=$repo/s3:$VERSITYGW_VERSION
+s3_server=versitygw
 s3_key=topotrain-kind
 s3_secret=topotrain-kind-secret
 jobs_namespace=topotrain-kind
 run_start=$SECONDS
+
+# --prepare: steps 1 and 2 only (scripts/test.sh runs them in the background, at low
+# priority, while the other suites run).
+prepare_only=0
+[ "${1:-}" = --prepare ] && { prepare_only=1; shift; }
 
 scripts/kind/engine.sh
 venv=$(scripts/bootstrap.sh trainer | tail -n 1)
@@ -47,8 +56,20 @@ docker run --rm "$trainer_image" prepare --help >/dev/null
 docker run --rm -e TOPOTRAIN_TRAINING_CONFIG='{"model":"tiny","steps":3,"globalBatch":2,"microBatch":1,"metricsPort":0}' \
   "$trainer_image" 2>&1 | tail -n 2
 docker run --rm "$operator_image" --help >/dev/null
+if [ $prepare_only = 1 ]; then
+  log "prepared in $((SECONDS - run_start))s"
+  exit 0
+fi
+# The loaded trainer image alone takes about 9 GB in each worker's volume (docs/kind.md).
+need_gb=${KIND_MIN_FREE_GB:-30}
+docker_root=$(docker info -f '{{.DockerRootDir}}')
+free_gb=$(( $(df -Pk "$docker_root" | awk 'NR==2 {print $4}') / 1048576 ))
+[ "$free_gb" -ge "$need_gb" ] \
+  || die "only ${free_gb} GB free under $docker_root; a kind cluster with the trainer image on three workers needs about ${need_gb} GB (KIND_MIN_FREE_GB)"
 
-state="$kind_cache/clusters/$KIND_CLUSTER"
+# What the host looked like before the cluster existed; kept beside the cluster's own state
+# (scripts/kind/cluster.sh delete removes that), for the checks after the run.
+state="$kind_cache/runs/$KIND_CLUSTER"
 mkdir -p "$state"
 python3 tests/kind/host_sysctl.py save "$state/host-sysctl-before.json"
 docker volume ls -q | sort > "$state/volumes-before"
@@ -79,10 +100,23 @@ trap cleanup EXIT
 kubeconfig=$(scripts/kind/cluster.sh create | tail -n 1)
 export KUBECONFIG=$kubeconfig
 workers=$(kubectl get nodes -l nvidia.com/gpu.product -o jsonpath='{.items[*].metadata.name}' | tr ' ' ',')
+if [ -n "${MINIO_IMAGE:-}" ]; then
+  if docker image inspect "$MINIO_IMAGE" >/dev/null 2>&1 || timeout 120 docker pull "$MINIO_IMAGE" >&2; then
+    s3_image=$MINIO_IMAGE
+    s3_server=minio
+  else
+    log "MINIO_IMAGE=$MINIO_IMAGE cannot be pulled: the S3 server is versitygw ($s3_image)"
+  fi
+fi
 timed "kind load (trainer, operator, s3 onto $workers)" \
   kind load docker-image --name "$KIND_CLUSTER" --nodes "$workers" "$trainer_image" "$operator_image" "$s3_image" >&2
 
-log "S3 server ($s3_image) in namespace topotrain-s3"
+if [ "$s3_server" = minio ]; then
+  s3_args='[server, /data, --address, ":7070"]'
+else
+  s3_args='[--access, $(ACCESS), --secret, $(SECRET), --region, us-east-1, --port, ":7070", posix, /data]'
+fi
+log "S3 server: $s3_server ($s3_image) in namespace topotrain-s3"
 kubectl create namespace topotrain-s3 --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 kubectl -n topotrain-s3 apply -f - >/dev/null <<YAML
 apiVersion: v1
@@ -99,13 +133,15 @@ spec:
     metadata: {labels: {app: s3}}
     spec:
       containers:
-        - name: versitygw
+        - name: $s3_server
           image: $s3_image
-          imagePullPolicy: Never
-          args: [--access, \$(ACCESS), --secret, \$(SECRET), --region, us-east-1, --port, ":7070", posix, /data]
+          imagePullPolicy: IfNotPresent
+          args: $s3_args
           env:
             - {name: ACCESS, valueFrom: {secretKeyRef: {name: s3-root, key: access}}}
             - {name: SECRET, valueFrom: {secretKeyRef: {name: s3-root, key: secret}}}
+            - {name: MINIO_ROOT_USER, valueFrom: {secretKeyRef: {name: s3-root, key: access}}}
+            - {name: MINIO_ROOT_PASSWORD, valueFrom: {secretKeyRef: {name: s3-root, key: secret}}}
           ports: [{containerPort: 7070}]
           readinessProbe: {tcpSocket: {port: 7070}, periodSeconds: 2}
           volumeMounts: [{name: data, mountPath: /data}]

@@ -167,12 +167,14 @@ ENTRYPOINT [\"/usr/local/bin/versitygw\"]"
 }
 
 # Our Dockerfiles: docker build's layer cache makes a warm run fast.
+# Labelled, so that the images a rebuild leaves untagged can be pruned (ours only).
+built_label=io.topotrain.built-by=scripts/kind/images.sh
 build_operator() {
-  docker_build -q -t "ghcr.io/topotrain/operator:$version" --build-arg "PYTHON_IMAGE=$python_image" \
+  docker_build -q -t "ghcr.io/topotrain/operator:$version" --label "$built_label" --build-arg "PYTHON_IMAGE=$python_image" \
     -f "$kind_root/operator/Dockerfile" "$kind_root" >/dev/null
 }
 build_trainer() {
-  docker_build -q -t "ghcr.io/topotrain/trainer:$version-cpu" --build-arg FLAVOUR=cpu \
+  docker_build -q -t "ghcr.io/topotrain/trainer:$version-cpu" --label "$built_label" --build-arg FLAVOUR=cpu \
     --build-arg "PYTHON_IMAGE=$python_image" -f "$kind_root/trainer_image/Dockerfile" "$kind_root" >/dev/null
 }
 
@@ -182,3 +184,5 @@ targets=("$@")
 for t in "${targets[@]}"; do
   timed "image $t" "build_$t"
 done
+# An earlier build of our Dockerfiles, untagged by this one, is only disk (GBs for the trainer).
+docker image prune -f --filter "label=$built_label" >/dev/null

@@ -115,7 +115,10 @@ class KindJob:
         return [p for p in self.seen.values() if p["metadata"]["labels"].get(ATTEMPT_LABEL) == str(attempt)]
 
     def events(self) -> dict[int, list[dict[str, Any]]]:
-        """JSON log events of global rank 0, per attempt."""
+        """JSON log events of global rank 0, per attempt.
+
+        A pod kept across an in-place restart logs several attempts: its supervisor's
+        `workers_started` event names the attempt the lines after it belong to."""
         out: dict[int, list[dict[str, Any]]] = {}
         for path in sorted(self.logs.glob("a*.log")):
             attempt = int(path.name[1:].split("-", 1)[0])
@@ -123,6 +126,8 @@ class KindJob:
                 with contextlib.suppress(ValueError):
                     record = json.loads(line)
                     if isinstance(record, dict) and "event" in record:
+                        if record["event"] == "workers_started" and "attempt" in record:
+                            attempt = int(record["attempt"])
                         out.setdefault(attempt, []).append(record)
         return out
 

@@ -1,6 +1,7 @@
-"""Failures on the real data plane: a worker node lost (its node container
-stopped, so the real node lifecycle controller marks it NotReady) and a
-trainer container killed inside its pod. Either way the operator must restart
+"""Failures on the real data plane: a worker node frozen (its node container
+paused, as a partition looks from the control plane) and lost (stopped), so
+the real node lifecycle controller marks it NotReady, and a trainer container
+killed inside its pod. Either way the operator must restart
 the gang from the newest committed checkpoint and the job must Succeed with
 the losses of an uninterrupted run."""
 
@@ -48,34 +49,52 @@ def _check_recovered(job: KindJob, lost_after: int) -> None:
         assert_losses_match(merged, REFERENCE)
 
 
-def test_worker_node_stopped_gang_restarts_on_healthy_workers(
+def _gang_on_lost_node_restarts_elsewhere(kube: Kube, job: KindJob, lost: str, committed: int) -> None:
+    """The node went NotReady through the node lifecycle controller; the next attempt runs on the
+    other workers, restored the newest committed step, and the job Succeeded with the reference
+    losses."""
+    wait_for(lambda: _node_ready(kube, lost) != "True", 60, f"node {lost} NotReady")
+    job.wait_phase("Succeeded")
+    second = job.seen_pods(attempt=1)
+    assert second, "the operator started no second attempt"
+    assert lost not in nodes_of(second), nodes_of(second)
+    assert job.status().get("restarts", 0) >= 1
+    _check_recovered(job, committed)
+
+
+def test_worker_node_paused_gang_restarts_on_healthy_workers(
     kube: Kube, kind_env: KindEnv, bucket: str, tmp_path: Path
 ) -> None:
-    # The node stays stopped for the rest of the session (NotReady, so nothing is placed
-    # there); the two other workers hold a whole gang.
-    with running_job(kube, kind_env, bucket, tmp_path, "nodeloss") as job:
+    """`docker pause` freezes every process of a worker, as a network partition looks from the
+    control plane: the kubelet stops renewing its lease, yet its containers, their sockets and
+    their pods' API objects all stay. The gang's ranks on the other workers hang on their frozen
+    peers; the operator must not wait on the frozen node's pods (their deletion cannot finish
+    while the kubelet is frozen). The node is unpaused afterwards and must come back Ready."""
+    with running_job(kube, kind_env, bucket, tmp_path, "pause") as job:
         wait_for(lambda: _committed(job) >= 4, 600, "a committed checkpoint", every=1)
-        first = job.seen_pods(attempt=0)
-        lost = sorted(nodes_of(first))[0]
+        lost = sorted(nodes_of(job.seen_pods(attempt=0)))[0]
         committed = _committed(job)
-        subprocess.run(["docker", "stop", "-t", "0", lost], check=True, capture_output=True)
-        wait_for(lambda: _node_ready(kube, lost) != "True", 60, f"node {lost} NotReady")
-        job.wait_phase("Succeeded")
-        second = job.seen_pods(attempt=1)
-        assert second, "the operator started no second attempt"
-        assert lost not in nodes_of(second), nodes_of(second)
-        assert job.status().get("restarts", 0) >= 1
-        _check_recovered(job, committed)
+        subprocess.run(["docker", "pause", lost], check=True, capture_output=True)
+        try:
+            _gang_on_lost_node_restarts_elsewhere(kube, job, lost, committed)
+        finally:
+            subprocess.run(["docker", "unpause", lost], check=False, capture_output=True)
+        # the kubelet resumes: its lease is renewed and the pods the operator deleted meanwhile go
+        wait_for(lambda: _node_ready(kube, lost) == "True", 120, f"node {lost} Ready again")
+        wait_for(lambda: not [p for p in job.pods(attempt=0) if p["spec"].get("nodeName") == lost], 180,
+                 f"attempt 0's pods gone from {lost} once its kubelet runs again")  # fmt: skip
 
 
-def test_trainer_container_killed_gang_restarts(
+def test_trainer_container_killed_restarts_the_gang_in_place(
     kube: Kube, kind_env: KindEnv, bucket: str, tmp_path: Path
 ) -> None:
     with running_job(kube, kind_env, bucket, tmp_path, "kill") as job:
         wait_for(lambda: _committed(job) >= 4, 600, "a committed checkpoint", every=1)
         committed = _committed(job)
-        victim = next(p for p in job.pods(attempt=0) if p["metadata"]["labels"]["topotrain.io/index"] == "1")
+        gang = job.pods(attempt=0)
+        victim = next(p for p in gang if p["metadata"]["labels"]["topotrain.io/index"] == "1")
         node, pod = victim["spec"]["nodeName"], victim["metadata"]["name"]
+        healthy = {p["metadata"]["name"]: p["metadata"]["uid"] for p in gang if p is not victim}
         # SIGKILL the container's main process from its node, as an OOM kill would
         cid = subprocess.run(
             ["docker", "exec", node, "crictl", "ps", "-q", "--name", CONTAINER, "--label",
@@ -99,4 +118,22 @@ def test_trainer_container_killed_gang_restarts(
         assert dead["exitCode"] == 137, dead
         job.wait_phase("Succeeded")
         assert job.status().get("restarts", 0) >= 1
+        # an in-place restart (docs/operator.md): only the failed pod is replaced, the healthy
+        # pods (same UIDs) run the next attempt's ranks
+        second = {p["metadata"]["name"]: p["metadata"]["uid"] for p in job.seen_pods(attempt=1)}
+        assert healthy.items() <= second.items(), (healthy, second)
+        assert pod not in second
         _check_recovered(job, committed)
+
+
+def test_worker_node_stopped_gang_restarts_on_healthy_workers(
+    kube: Kube, kind_env: KindEnv, bucket: str, tmp_path: Path
+) -> None:
+    # Last of the failure tests: the node stays stopped for the rest of the session (NotReady,
+    # so nothing is placed there); the two other workers hold a whole gang.
+    with running_job(kube, kind_env, bucket, tmp_path, "nodeloss") as job:
+        wait_for(lambda: _committed(job) >= 4, 600, "a committed checkpoint", every=1)
+        lost = sorted(nodes_of(job.seen_pods(attempt=0)))[0]
+        committed = _committed(job)
+        subprocess.run(["docker", "stop", "-t", "0", lost], check=True, capture_output=True)
+        _gang_on_lost_node_restarts_elsewhere(kube, job, lost, committed)
