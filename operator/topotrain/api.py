@@ -16,7 +16,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
     ConfigDict,
     Field,
     ValidationError,
@@ -34,6 +33,8 @@ from topotrain.api_pod import (
     PodLabels,
     Volume,
     VolumeMount,
+    WireModel,
+    cel,
     volume_problems,
 )
 from topotrain.contract import RANK_ORDERS, RESERVED
@@ -72,28 +73,16 @@ MAX_ENV = 128
 MAX_LIST = 64
 
 
-def _cel(*rules: dict[str, str]) -> dict[str, Any]:
-    return {"x-kubernetes-validations": list(rules)}
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=False)
-
-    def to_wire(self) -> dict[str, Any]:
-        """The camelCase dict as stored in the API server (None fields dropped)."""
-        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
-
-
-class Parallelism(_Model):
+class Parallelism(WireModel):
     """Degrees of the 3D mesh; tensor*pipeline*data GPUs in all."""
 
     tensor: int = Field(
         1, ge=1, le=1024, description="Tensor-parallel degree (TP). Immutable.",
-        json_schema_extra=_cel(*IMMUTABLE),
+        json_schema_extra=cel(*IMMUTABLE),
     )
     pipeline: int = Field(
         1, ge=1, le=1024, description="Pipeline-parallel degree (PP): number of stages. Immutable.",
-        json_schema_extra=_cel(*IMMUTABLE),
+        json_schema_extra=cel(*IMMUTABLE),
     )
     data: int = Field(
         ..., ge=1, le=65536,
@@ -133,7 +122,7 @@ class Parallelism(_Model):
         return self.tensor * self.pipeline * self.data
 
 
-class EnvVar(_Model):
+class EnvVar(WireModel):
     """An environment variable for the trainer container."""
 
     name: str = Field(..., min_length=1, max_length=256, description="Variable name.")
@@ -161,7 +150,7 @@ def _no_reserved(env: list[EnvVar]) -> list[EnvVar]:
 EnvList = Annotated[list[EnvVar], AfterValidator(_no_reserved)]
 
 
-class Toleration(_Model):
+class Toleration(WireModel):
     """A core/v1 Toleration."""
 
     key: str | None = Field(None, description="Taint key the toleration applies to; empty matches all keys.")
@@ -175,7 +164,7 @@ class Toleration(_Model):
     )
 
 
-class Resources(_Model):
+class Resources(WireModel):
     """Extra container resources. The operator adds `nvidia.com/gpu: gpusPerPod` itself."""
 
     requests: dict[str, Quantity] | None = Field(None, description="Resource requests, e.g. cpu, memory.")
@@ -192,15 +181,15 @@ SECURITY_CONTEXT_RULE = {
 }
 
 
-class WorkerSpec(_Model):
+class WorkerSpec(WireModel):
     """How each pod of the gang looks and where it may run."""
 
-    model_config = ConfigDict(json_schema_extra=_cel(SECURITY_CONTEXT_RULE, MOUNT_VOLUME_RULE))
+    model_config = ConfigDict(json_schema_extra=cel(SECURITY_CONTEXT_RULE, MOUNT_VOLUME_RULE))
 
     gpus_per_pod: int = Field(
         8, alias="gpusPerPod", ge=1, le=64,
         description="GPUs (ranks) per pod; pods = tensor*pipeline*data / gpusPerPod. Immutable.",
-        json_schema_extra=_cel(*IMMUTABLE),
+        json_schema_extra=cel(*IMMUTABLE),
     )
     gpu_types: list[str] = Field(
         default_factory=list, alias="gpuTypes", max_length=MAX_LIST,
@@ -253,7 +242,7 @@ class WorkerSpec(_Model):
     )
     env: EnvList = Field(
         default_factory=list, max_length=MAX_ENV, description="Environment added to the trainer container.",
-        json_schema_extra={"default": [], **_cel(ENV_RULE)},
+        json_schema_extra={"default": [], **cel(ENV_RULE)},
     )
     # The pass-through fields below default to None, not []: a job that sets none of them keeps
     # its template_hash across an operator upgrade, so its gang does not roll.
@@ -277,12 +266,12 @@ class WorkerSpec(_Model):
         None, max_length=MAX_METADATA,
         description="Labels added to every pod; not topotrain.io/ keys or "
         "app.kubernetes.io/managed-by (the operator's).",
-        json_schema_extra=_cel(LABELS_RULE),
+        json_schema_extra=cel(LABELS_RULE),
     )
     annotations: PodAnnotations | None = Field(
         None, max_length=MAX_METADATA,
         description="Annotations added to every pod; not topotrain.io/ keys (the operator's).",
-        json_schema_extra=_cel(ANNOTATIONS_RULE),
+        json_schema_extra=cel(ANNOTATIONS_RULE),
     )
 
     @model_validator(mode="after")
@@ -302,7 +291,7 @@ class WorkerSpec(_Model):
         return self
 
 
-class TopologySpec(_Model):
+class TopologySpec(WireModel):
     """Placement constraints per parallel dimension: Required (hard) or Preferred (scored)."""
 
     tensor: Requirement = Field(
@@ -316,13 +305,13 @@ class TopologySpec(_Model):
     )
 
 
-class CheckpointSpec(_Model):
+class CheckpointSpec(WireModel):
     """Where the trainer writes asynchronous sharded checkpoints and the operator finds them."""
 
     uri: str = Field(
         ..., min_length=6, max_length=1024,
         description="s3://bucket/prefix; the job's data lives under <uri>/<namespace>/<name>/.",
-        json_schema_extra=_cel({"rule": "self.startsWith('s3://')", "message": "must start with s3:// (s3://bucket/prefix)"}),
+        json_schema_extra=cel({"rule": "self.startsWith('s3://')", "message": "must start with s3:// (s3://bucket/prefix)"}),
     )
     endpoint: str | None = Field(
         None, max_length=1024,
@@ -350,7 +339,7 @@ class CheckpointSpec(_Model):
         return self
 
 
-class FailurePolicy(_Model):
+class FailurePolicy(WireModel):
     """How failures are retried."""
 
     max_restarts: int = Field(
@@ -407,7 +396,7 @@ class FailurePolicy(_Model):
     )
 
 
-class TrainingJobSpec(_Model):
+class TrainingJobSpec(WireModel):
     """Desired state of a TrainingJob."""
 
     image: str = Field(..., min_length=1, max_length=1024, description="Trainer container image.")
@@ -421,14 +410,14 @@ class TrainingJobSpec(_Model):
     env: EnvList = Field(
         default_factory=list, max_length=MAX_ENV,
         description="Environment for the trainer container (worker.env is applied after it).",
-        json_schema_extra={"default": [], **_cel(ENV_RULE)},
+        json_schema_extra={"default": [], **cel(ENV_RULE)},
     )
     parallelism: Parallelism = Field(..., description="Tensor x pipeline x data degrees.")
     rank_order: RankOrder = Field(
         "tp-pp-dp", alias="rankOrder",
         description="Mesh dimensions innermost to outermost: tp-pp-dp (r = (dp*PP + pp)*TP + tp) "
         "or tp-dp-pp (Megatron). Immutable.",
-        json_schema_extra=_cel(*IMMUTABLE),
+        json_schema_extra=cel(*IMMUTABLE),
     )
     worker: WorkerSpec = Field(
         default_factory=lambda: WorkerSpec(), description="Pod template and pools.",
@@ -514,7 +503,7 @@ CRD_PARALLELISM_RULES = [
 ]
 
 
-class ObjectMeta(_Model):
+class ObjectMeta(WireModel):
     """The subset of metadata the operator reads."""
 
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
@@ -524,7 +513,7 @@ class ObjectMeta(_Model):
     generation: int | None = Field(None, description="Spec generation.")
 
 
-class TrainingJob(_Model):
+class TrainingJob(WireModel):
     """A TrainingJob object as stored in the API server."""
 
     model_config = ConfigDict(populate_by_name=True, extra="ignore")

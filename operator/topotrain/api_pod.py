@@ -7,6 +7,9 @@ owns: its own volumes and their mount points (contract.SHM_VOLUME and
 CONTROL_VOLUME) and the labels and annotations it sets on pods (the
 `topotrain.io/` prefix, `app.kubernetes.io/managed-by`). As in
 `topotrain.api`, each rule is CEL in the CRD and Python here.
+
+It also holds what both API modules build on (`WireModel`, `cel`): `topotrain.api`
+imports this module, so they live here, once.
 """
 
 from __future__ import annotations
@@ -31,8 +34,19 @@ def _quoted(values: Iterable[str]) -> str:
     return ", ".join(f"'{value}'" for value in values)
 
 
-def _cel(*rules: dict[str, str]) -> dict[str, Any]:
+def cel(*rules: dict[str, str]) -> dict[str, Any]:
+    """A schema extra carrying CEL rules (x-kubernetes-validations)."""
     return {"x-kubernetes-validations": list(rules)}
+
+
+class WireModel(BaseModel):
+    """An API object with camelCase wire names; unknown keys are refused."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=False)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The camelCase dict as stored in the API server (None fields dropped)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
 VOLUME_NAME_RULE = {
@@ -105,13 +119,10 @@ PodLabels = Annotated[dict[str, str], AfterValidator(_no_operator_labels)]
 PodAnnotations = Annotated[dict[str, str], AfterValidator(_no_operator_annotations)]
 
 
-class _PassThrough(BaseModel):
+class _PassThrough(WireModel):
     """A core/v1 object kept whole: undeclared keys pass as given."""
 
-    model_config = ConfigDict(populate_by_name=True, extra="allow")
-
-    def to_wire(self) -> dict[str, Any]:
-        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+    model_config = ConfigDict(extra="allow")
 
 
 class Volume(_PassThrough):
@@ -121,7 +132,7 @@ class Volume(_PassThrough):
         ..., min_length=1, max_length=63, pattern=DNS_LABEL,
         description=f"Volume name, unique in the pod; {' and '.join(RESERVED_VOLUMES)} are the "
         "operator's.",
-        json_schema_extra=_cel(VOLUME_NAME_RULE),
+        json_schema_extra=cel(VOLUME_NAME_RULE),
     )
 
 
@@ -133,7 +144,7 @@ class VolumeMount(_PassThrough):
         ..., alias="mountPath", min_length=1, max_length=4096,
         description=f"Where it appears in the container; not {' or '.join(RESERVED_MOUNTS)} or "
         "below them (the operator's mounts).",
-        json_schema_extra=_cel(MOUNT_PATH_RULE),
+        json_schema_extra=cel(MOUNT_PATH_RULE),
     )
 
 
