@@ -108,8 +108,15 @@ if [ -n "${MINIO_IMAGE:-}" ]; then
     log "MINIO_IMAGE=$MINIO_IMAGE cannot be pulled: the S3 server is versitygw ($s3_image)"
   fi
 fi
-timed "kind load (trainer, operator, s3 onto $workers)" \
-  kind load docker-image --name "$KIND_CLUSTER" --nodes "$workers" "$trainer_image" "$operator_image" "$s3_image" >&2
+# Training pods run on the workers; the operator and S3 on the control-plane node (tolerating its
+# taint), out of reach of the tests that stop or pause a worker.
+control_plane=$(kubectl get nodes -l node-role.kubernetes.io/control-plane -o jsonpath='{.items[0].metadata.name}')
+timed "kind load (trainer onto $workers)" \
+  kind load docker-image --name "$KIND_CLUSTER" --nodes "$workers" "$trainer_image" >&2
+timed "kind load (operator, s3 onto $control_plane)" \
+  kind load docker-image --name "$KIND_CLUSTER" --nodes "$control_plane" "$operator_image" "$s3_image" >&2
+on_control_plane='{"node-role.kubernetes.io/control-plane": ""}'
+control_plane_toleration='[{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}]'
 
 if [ "$s3_server" = minio ]; then
   s3_args='[server, /data, --address, ":7070"]'
@@ -132,6 +139,8 @@ spec:
   template:
     metadata: {labels: {app: s3}}
     spec:
+      nodeSelector: $on_control_plane
+      tolerations: $control_plane_toleration
       containers:
         - name: $s3_server
           image: $s3_image
@@ -164,6 +173,7 @@ kubectl -n "$jobs_namespace" create secret generic s3-credentials \
 timed "helm install" helm install topotrain charts/topotrain -n topotrain-system --create-namespace \
   --set image.pullPolicy=Never --set "image.tag=$version" \
   --set-json "rbac.checkpointSecrets=[{\"namespace\":\"$jobs_namespace\",\"names\":[\"s3-credentials\"]}]" \
+  --set-json "nodeSelector=$on_control_plane" --set-json "tolerations=$control_plane_toleration" \
   --set operator.reconcileIntervalSeconds=2 --set operator.checkpointPollSeconds=2 \
   --wait --timeout 180s >&2
 

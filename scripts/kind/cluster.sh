@@ -112,6 +112,10 @@ create() {
   timed "node CNI" node_cni
   timed "nodes Ready" kubectl --kubeconfig "$kubeconfig" wait node --all --for=condition=Ready --timeout=180s >&2
   node_gpus
+  # The cluster's own services (CoreDNS here; S3 and the operator in kind-e2e.sh) run on the
+  # control-plane node, so that a worker the tests stop or pause takes only training pods with it.
+  kubectl --kubeconfig "$kubeconfig" -n kube-system patch deployment coredns --type merge \
+    -p '{"spec":{"template":{"spec":{"nodeSelector":{"node-role.kubernetes.io/control-plane":""}}}}}' >/dev/null
   timed "CoreDNS available" kubectl --kubeconfig "$kubeconfig" -n kube-system rollout status deployment/coredns --timeout=180s >&2
   echo "$kubeconfig"
 }

@@ -142,3 +142,16 @@ def wait_for(check: Callable[[], Any], timeout: float, what: str, every: float =
 
 def kubectl_json(kube: Kube, *args: str) -> Any:
     return json.loads(kube.kubectl(*args, "-o", "json").stdout)
+
+
+def service_nodes(kube: Kube, kind_env: KindEnv) -> dict[str, str]:
+    """Where the cluster's own services run, pod name -> node: S3, the operator and CoreDNS.
+    scripts/kind-e2e.sh puts them all on the control-plane node; a test that stops or pauses a
+    worker checks that first, so that it takes only training pods with it."""
+    placed = {}
+    for namespace, selector in (("topotrain-s3", "app=s3"),
+                                (kind_env.operator_namespace, "app.kubernetes.io/name=topotrain"),
+                                ("kube-system", "k8s-app=kube-dns")):  # fmt: skip
+        for pod in kubectl_json(kube, "-n", namespace, "get", "pods", "-l", selector)["items"]:
+            placed[pod["metadata"]["name"]] = pod["spec"].get("nodeName", "")
+    return placed

@@ -25,11 +25,17 @@ def test_operator_metrics_scraped_from_inside_the_cluster(kube: Kube, kind_env: 
         "items"][0]["spec"]["template"]["spec"]["containers"][0]["image"]
     pod = f"scrape-{uuid.uuid4().hex[:6]}"
     script = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=10).read().decode())"
-    overrides = {"spec": {"containers": [{
-        "name": pod, "image": operator_image, "imagePullPolicy": "Never",
-        "command": ["python", "-c", script],
-        "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False},
-    }]}}  # fmt: skip
+    # the operator image is loaded onto the control-plane node only (scripts/kind-e2e.sh)
+    overrides = {"spec": {
+        "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
+        "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
+                         "effect": "NoSchedule"}],
+        "containers": [{
+            "name": pod, "image": operator_image, "imagePullPolicy": "Never",
+            "command": ["python", "-c", script],
+            "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False},
+        }],
+    }}  # fmt: skip
     kube.kubectl("-n", kind_env.namespace, "run", pod, "--restart=Never", f"--image={operator_image}",
                  f"--overrides={json.dumps(overrides)}")  # fmt: skip
     try:
