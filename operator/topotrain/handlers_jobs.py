@@ -300,7 +300,7 @@ class JobLoop:
             checkpoint=ckpt, rank_table=table,
             config_problem=problem or snapshot.foreign_problem(self.key, self.uid, status.attempt),
             strategy=self.op.settings.recovery, last_refusal=self.last_refusal,
-            template=template_hash(spec),
+            template=template_hash(spec), move_off_cordoned=self.op.settings.move_off_cordoned,
         )
 
     def _took_over(self, status: TrainingJobStatus) -> None:

@@ -65,6 +65,9 @@ class Observed:
     # The same cluster with the job's avoided nodes back in: used only when nothing else fits,
     # so avoiding nodes that failed the job never strands it (None: no node is avoided).
     unavoiding_planner: Planner | None = None
+    # A cordoned node of the running gang moves the gang off it, checkpointing first (False: the
+    # gang stays until an eviction, as any pod would).
+    move_off_cordoned: bool = True
 
 
 @dataclass(frozen=True)
@@ -340,6 +343,8 @@ def _steady(
     decision.recovered_seconds = sb.running()
     if _roll_for_spec_change(obs, sb, decision, attempt, current):
         return
+    if _move_off_cordoned(obs, sb, decision, attempt, current):
+        return
     _maybe_resize(obs, sb, decision, attempt, current, data)
 
 
@@ -528,6 +533,43 @@ def _on_failure(
         decision.requeue_after = verdict.delay_seconds or WAIT_SHORT
         return
     _launch(obs, sb, decision, attempt + 1, previous=previous)
+
+
+def _move_off_cordoned(
+    obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
+    current: list[policy.PodView],
+) -> bool:
+    """A node of the running gang was cordoned (`kubectl cordon`, or the first half of
+    `kubectl drain`): move the gang off it before an eviction comes, losing no step.
+
+    Planned like a resize (planned.py): the running gang is asked for a checkpoint and keeps
+    training; once that checkpoint is committed (or the request's bound passed) the gang restarts
+    from it on nodes that are not cordoned, at its current data degree or more (up to
+    spec.parallelism.data; less only where the spec now asks for less). No failure budget is
+    spent. When the gang fits nowhere else at that degree it stays where it is: a cordon alone
+    takes nothing from the job, and an eviction later is an ordinary drain (its SIGTERM save;
+    that recovery may shrink). True when this pass acted (asked, or moved).
+    """
+    if not obs.move_off_cordoned or obs.config_problem is not None:
+        return False
+    cordoned = sorted({p.node for p in current if not p.terminating and p.node in obs.nodes
+                       and obs.nodes[p.node].cordoned})  # fmt: skip
+    if not cordoned:
+        return False
+    low, high = elastic.bounds(obs.spec.parallelism)
+    running = sb.status.parallelism.data if sb.status.parallelism else high
+    # cordoned nodes are not in the planner's inventory
+    outcome = obs.planner.plan(max(low, min(running, high)), high)
+    if not outcome.feasible or set(cordoned) & set(outcome.assignments.values()):
+        return False
+    wait = planned.checkpoint_first(sb, obs.checkpoint, current, attempt, "drain", obs.now)
+    if not wait.ready:
+        decision.checkpoint_request, decision.requeue_after = wait.ask, wait.requeue_after
+        return True
+    decision.delete += [p.name for p in current if not p.terminating]
+    sb.moving(cordoned, outcome.data, attempt + 1, wait.resume_step)
+    _launch(obs, sb, decision, attempt + 1, outcome=outcome, resume=wait.resume_step)
+    return True
 
 
 def _maybe_resize(

@@ -358,6 +358,22 @@ class StatusBuilder:
         self.set(C.RECOVERING, True, Reason.RESIZED, message)
         self._event(NORMAL, Reason.RESIZED, message)
 
+    def moving(self, nodes: list[str], new_data: int, next_attempt: int, resume: int | None) -> None:
+        """Nodes of the running gang were cordoned: a planned restart off them, no failure budget."""
+        st = self.status
+        previous = st.parallelism.data if st.parallelism else new_data
+        st.attempt = next_attempt
+        st.phase = "Recovering"
+        st.recovery = self._recovery(
+            iso(self.now), "drain", elastic.resize_kind(previous, new_data) or "drain",
+        )
+        step = "from the last commit" if resume is None else f"from step {resume}"
+        degree = f", data {previous} -> {new_data}" if new_data != previous else ""
+        message = (f"node{'s' if len(nodes) > 1 else ''} {', '.join(nodes)} cordoned: moving the "
+                   f"gang off before an eviction, {step}{degree}")  # fmt: skip
+        self.set(C.RECOVERING, True, Reason.NODE_CORDONED, message)
+        self._event(NORMAL, Reason.NODE_CORDONED, message)
+
     def failed(self, reason: str, message: str) -> None:
         st = self.status
         st.phase = "Failed"

@@ -44,6 +44,7 @@ class Settings:
     | recovery | TOPOTRAIN_RECOVERY: incremental or recreate | incremental |
     | pod_grace_seconds | TOPOTRAIN_POD_GRACE_SECONDS (deleting a gang) | 30 |
     | network_policy | TOPOTRAIN_NETWORK_POLICY (true: a NetworkPolicy per job) | false |
+    | move_off_cordoned | TOPOTRAIN_MOVE_OFF_CORDONED (a cordoned node's gang moves, checkpointing first) | true |
     | peering_priority | TOPOTRAIN_PEERING_PRIORITY (highest replica acts) | random per process |
     | peering_lifetime | TOPOTRAIN_PEERING_LIFETIME seconds (a killed acting replica's standby takes over within it) | 30 |
     """
@@ -62,6 +63,9 @@ class Settings:
     pod_grace_seconds: int = 30
     # A NetworkPolicy per job letting only the gang's own pods in; the chart turns it on.
     network_policy: bool = False
+    # A running gang with a pod on a cordoned node checkpoints and moves off it before the drain's
+    # eviction (docs/operations.md, "Drains"); false leaves it until evicted.
+    move_off_cordoned: bool = True
     # kopf pauses every replica that sees a peer of equal priority, so replicas
     # must differ: the highest one acts, the others wait to take over.
     peering_priority: int = field(default_factory=lambda: random.SystemRandom().randint(1, 1_000_000))
@@ -104,6 +108,7 @@ class Settings:
             recovery=_strategy(recovery, "TOPOTRAIN_RECOVERY"),
             pod_grace_seconds=int(_seconds(env, "TOPOTRAIN_POD_GRACE_SECONDS", base.pod_grace_seconds)),
             network_policy=_flag(env, "TOPOTRAIN_NETWORK_POLICY", base.network_policy),
+            move_off_cordoned=_flag(env, "TOPOTRAIN_MOVE_OFF_CORDONED", base.move_off_cordoned),
             peering_priority=_integer(env, "TOPOTRAIN_PEERING_PRIORITY", base.peering_priority),
             peering_lifetime=_lifetime(env, base.peering_lifetime),
             verbose=env.get("TOPOTRAIN_VERBOSE", "").lower() in {"1", "true", "yes"},

@@ -43,6 +43,7 @@ class Reason:
     POD_EVICTED = "PodEvicted"
     NODE_LOST = "NodeLost"
     NODE_NOT_READY = "NodeNotReady"
+    NODE_CORDONED = "NodeCordoned"  # a node of the running gang was cordoned: the gang moves off it
     PROGRESS_STALLED = "ProgressStalled"
     PROGRESS_OK = "ProgressReported"
     BACKOFF = "BackoffWaiting"
@@ -234,7 +235,8 @@ class RecoveryStatus(_Model):
         None, alias="faultTime", description="When the failure (or planned change) was detected.",
     )
     cause: str | None = Field(
-        None, description="application, infrastructure, resize or rollout: what started the recovery.",
+        None, description="application, infrastructure, resize, rollout or drain (a node of the gang "
+        "was cordoned): what started the recovery.",
     )
     awaiting_attempt: int | None = Field(
         None, alias="awaitingAttempt",
@@ -244,7 +246,7 @@ class RecoveryStatus(_Model):
         None, alias="podsRunningTime", description="When the attempt's pods were all Running.",
     )
     mode: str | None = Field(
-        None, description="incremental, full, shrink, grow, rollout, resize, or inPlace (the healthy "
+        None, description="incremental, full, shrink, grow, rollout, resize, drain, or inPlace (the healthy "
         "pods were kept and their trainer processes restarted; only replacedIndices got new pods).",
     )
     replaced_indices: list[int] | None = Field(

@@ -18,6 +18,7 @@ from topotrain.planned import CHECKPOINT_REQUEST_TIMEOUT, POLL_SECONDS
 from topotrain.policy import PodView
 from topotrain.reconcile import Decision, Observed
 from topotrain.reconcile_status import CheckpointView
+from topotrain.status import ConditionType as C
 from topotrain.status import Reason
 
 LAST = CheckpointView(step=200, uri="s3://ckpt/runs/ns/job/step-0000000200")
@@ -195,3 +196,98 @@ def test_no_request_when_there_is_no_room_to_grow() -> None:
     obs, pods = grow()
     d, _ = run(obs, pods=pods, planner=FakePlanner(capacity=2))
     assert d.checkpoint_request is None and d.status.checkpoint_request is None
+
+
+# --- a cordoned node: the gang moves off it before the eviction, losing no step ---------------
+
+
+class OffCordoned(FakePlanner):
+    """Places the gang on the nodes `free` names, in order (the real planner leaves cordoned
+    nodes out of its inventory), as many data replicas as fit."""
+
+    def __init__(self, free: list[str]) -> None:
+        super().__init__(capacity=len(free))
+        self.free = free
+
+    def plan(self, low: int, high: int) -> Any:
+        outcome = super().plan(low, high)
+        if not outcome.feasible:
+            return outcome
+        return replace(outcome, assignments={i: self.free[i] for i in outcome.assignments})
+
+
+def cordoned(obs: Observed, *names: str) -> Observed:
+    return replace(obs, nodes={**obs.nodes, **{n: replace(obs.nodes[n], cordoned=True) for n in names}})
+
+
+def test_a_cordoned_node_checkpoints_the_gang_first_then_moves_it_off_from_that_step() -> None:
+    free = ["n4", "n5", "n6", "n7"]
+    obs = cordoned(replace(running_job(), planner=OffCordoned(free)), "n1")
+    # 1. The running gang is asked for a checkpoint and keeps training: nothing deleted yet.
+    d, waiting = run(obs, pods=gang(0), now=at(5))
+    assert not d.delete and d.launch is None
+    assert d.checkpoint_request is not None and d.checkpoint_request.value.startswith("drain-0-")
+    assert d.status.phase == "Running" and d.requeue_after == POLL_SECONDS
+    value = d.checkpoint_request.value
+    # 2. Committed at step 237: the whole gang restarts off the cordoned node, from that step.
+    d, after = run(waiting, pods=asked(gang(0), value), now=at(8), checkpoint=served(value))
+    assert sorted(d.delete) == [f"job-0-{i}" for i in range(4)]
+    assert d.launch is not None and d.launch.attempt == 1 and d.launch.resume_step == 237
+    assert "n1" not in d.launch.assignments.values() and sorted(d.launch.assignments.values()) == free
+    recovering = d.status.condition(C.RECOVERING)
+    assert recovering is not None and recovering.reason == Reason.NODE_CORDONED
+    assert "n1 cordoned" in recovering.message and "from step 237" in recovering.message
+    assert d.status.restarts == 0 and d.restart_reason is None  # a move spends no failure budget
+    assert d.status.recovery is not None and d.status.recovery.cause == "drain"
+    assert Reason.CHECKPOINT_SERVED in [e[1] for e in d.events]
+    # 3. Once the new attempt runs on schedulable nodes nothing more happens.
+    moved = gang(1, nodes=dict(enumerate(free)))
+    d, _ = run(after, pods=moved, now=at(20), checkpoint=served(value))
+    assert d.launch is None and not d.delete and d.status.phase == "Running"
+
+
+def test_a_cordoned_node_moves_the_gang_from_the_last_commit_once_the_request_times_out() -> None:
+    obs = cordoned(replace(running_job(), planner=OffCordoned(["n4", "n5", "n6", "n7"])), "n0")
+    _, waiting = run(obs, pods=gang(0), now=at(5))
+    d, _ = run(waiting, pods=gang(0), now=at(5 + CHECKPOINT_REQUEST_TIMEOUT + 1))  # never served
+    assert d.launch is not None and d.launch.resume_step == 200
+    assert Reason.CHECKPOINT_TIMED_OUT in [e[1] for e in d.events]
+
+
+def test_a_cordon_and_a_scale_down_move_the_gang_once_at_the_new_degree() -> None:
+    obs = cordoned(replace(running_job(), planner=OffCordoned(["n4", "n5"])), "n2", "n3")
+    obs = replace(obs, spec=scaled_to(1))
+    _, waiting = run(obs, pods=gang(0), now=at(5))
+    assert waiting.status.checkpoint_request is not None
+    value = waiting.status.checkpoint_request.value
+    d, _ = run(waiting, pods=asked(gang(0), value), now=at(8), checkpoint=served(value))
+    assert d.launch is not None and d.launch.data == 1 and sorted(d.launch.assignments.values()) == ["n4", "n5"]
+    recovering = d.status.condition(C.RECOVERING)
+    assert recovering is not None and "n2, n3 cordoned" in recovering.message and "data 2 -> 1" in recovering.message
+
+
+@pytest.mark.parametrize(
+    "why", ["no room elsewhere", "room only for a smaller gang", "the operator is told not to", "a pod is Pending"]
+)
+def test_a_cordoned_node_leaves_the_gang_where_it_is(why: str) -> None:
+    obs = cordoned(replace(running_job(), planner=OffCordoned(["n4", "n5", "n6", "n7"])), "n1")
+    pods = gang(0)
+    if why == "no room elsewhere":
+        obs = replace(obs, planner=OffCordoned([]))
+    elif why == "room only for a smaller gang":  # a cordon alone never shrinks a job (minData 1)
+        obs = replace(obs, planner=OffCordoned(["n4", "n5"]))
+    elif why == "the operator is told not to":
+        obs = replace(obs, move_off_cordoned=False)
+    else:
+        pods = (*pods[:3], replace(pods[3], phase="Pending"))
+    d, after = run(obs, pods=pods, now=at(5))
+    assert d.launch is None and not d.delete and d.checkpoint_request is None
+    assert after.status.checkpoint_request is None
+
+
+def test_uncordoned_before_the_checkpoint_came_cancels_the_move() -> None:
+    running = replace(running_job(), planner=OffCordoned(["n4", "n5", "n6", "n7"]))
+    _, waiting = run(cordoned(running, "n1"), pods=gang(0), now=at(5))
+    d, _ = run(replace(waiting, nodes=running.nodes), pods=gang(0), now=at(7))
+    assert d.launch is None and not d.delete
+    assert d.status.checkpoint_request is not None and d.status.checkpoint_request.state == "Cancelled"

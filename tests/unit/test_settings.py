@@ -32,6 +32,8 @@ def test_defaults() -> None:
         ({}, [], "network_policy", False),
         ({"TOPOTRAIN_NETWORK_POLICY": "true"}, [], "network_policy", True),
         ({"TOPOTRAIN_NETWORK_POLICY": "0"}, [], "network_policy", False),
+        ({}, [], "move_off_cordoned", True),
+        ({"TOPOTRAIN_MOVE_OFF_CORDONED": "false"}, [], "move_off_cordoned", False),
     ],
 )
 def test_env_and_flags(env: dict[str, str], argv: list[str], field: str, value: object) -> None:
@@ -47,7 +49,7 @@ def test_label_overrides() -> None:
     "env",
     [{"TOPOTRAIN_METRICS_PORT": "http"}, {"TOPOTRAIN_HEALTH_PORT": "70000"},
      {"TOPOTRAIN_RECONCILE_INTERVAL": "-1"}, {"TOPOTRAIN_RECOVERY": "fast"},
-     {"TOPOTRAIN_NETWORK_POLICY": "on"}],
+     {"TOPOTRAIN_NETWORK_POLICY": "on"}, {"TOPOTRAIN_MOVE_OFF_CORDONED": "sometimes"}],
 )
 def test_bad_values_name_the_variable(env: dict[str, str]) -> None:
     with pytest.raises(SettingsError, match=next(iter(env))):
