@@ -8,7 +8,7 @@ period. Two ways, both losing no step and keeping the uninterrupted run's losses
 
 - the operator moves the gang first (the default): it sees the cordon, asks the
   running gang for a checkpoint, and restarts it from that step on other nodes;
-  with a PodDisruptionBudget of `maxUnavailable: 0` the drain's evictions wait
+  with a PodDisruptionBudget of `minAvailable: <pods>` the drain's evictions wait
   for that and the drain then finds nothing left to evict;
 - the eviction comes first (`operator.moveOffCordonedNodes: false`, or no room
   elsewhere): each rank finishes its step, the gang saves that step, waits for
@@ -106,16 +106,21 @@ def _every_step_once_with_the_reference_losses(
 def test_a_drain_held_by_a_disruption_budget_waits_for_the_operator_to_move_the_gang(
     kube: Kube, stack: Stack, uncordon: list[str]
 ) -> None:
-    """`maxUnavailable: 0` refuses every eviction; the operator sees the drain's cordon, asks the
-    gang for a checkpoint, restarts it from that step on other nodes and deletes the old pods
-    itself, so the drain completes without evicting anything and no step is lost."""
+    """`minAvailable: <every pod>` refuses every eviction; the operator sees the drain's cordon,
+    asks the gang for a checkpoint, restarts it from that step on other nodes and deletes the old
+    pods itself, so the drain completes without evicting anything and no step is lost.
+
+    (Not `maxUnavailable: 0`: the disruption controller takes the expected pod count from the
+    TrainingJob's scale subresource, which is the data degree, 2 here, and that budget let 2 of
+    the 4 pods be evicted. docs/operations.md says so.)"""
     name = "moved"
     training, drained, trained = _training(stack, name)
+    pods = len(stack.pods(name))
     budget = stack.workdir / "pdb.yaml"
     budget.write_text(
         "apiVersion: policy/v1\nkind: PodDisruptionBudget\n"
         f"metadata: {{name: {name}}}\n"
-        f"spec: {{maxUnavailable: 0, selector: {{matchLabels: {{topotrain.io/job: {name}}}}}}}\n"
+        f"spec: {{minAvailable: {pods}, selector: {{matchLabels: {{topotrain.io/job: {name}}}}}}}\n"
     )
     stack.kubectl("-n", stack.namespace, "apply", "-f", str(budget))
     uncordon.extend(drained)
@@ -126,7 +131,8 @@ def test_a_drain_held_by_a_disruption_budget_waits_for_the_operator_to_move_the_
 
     job = stack.wait_job(name, phase_is("Succeeded"), timeout=JOB_TIMEOUT, what="Succeeded after the move")
     status = job["status"]
-    assert status["restarts"] == 0 and not status.get("restartsByClass"), "a move is not a failure"
+    assert status["restarts"] == 0 and not status.get("restartsByClass"), (
+        f"a move is not a failure: {status.get('lastFailure')} {status.get('recovery')}")
     request = status["checkpointRequest"]
     assert request["reason"] == "drain" and request["state"] == "Committed", request
     assert request["step"] >= trained, f"cordoned at step {trained}, the requested save holds {request['step']}"
