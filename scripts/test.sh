@@ -46,7 +46,7 @@ set +e
 # The default run is every suite, the bounded chaos soak (tests/chaos, about 6 minutes) included,
 # and then the real-data-plane suite on a kind cluster (scripts/kind-e2e.sh, docs/kind.md).
 # Inside pytest the kind suite (tests/kind) skips itself: only scripts/kind-e2e.sh makes its cluster.
-[ $# -eq 0 ] && set -- tests
+[ $# -eq 0 ] && set -- tests --durations=25  # the slowest tests, for whoever shortens the run
 python -m pytest "$@"
 code=$?
 set -e
