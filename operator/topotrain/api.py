@@ -37,7 +37,7 @@ from topotrain.api_pod import (
     cel,
     volume_problems,
 )
-from topotrain.contract import RANK_ORDERS, RESERVED
+from topotrain.contract import DEFAULT_METRICS_PORT, RANK_ORDERS, RESERVED
 from topotrain.status import TrainingJobStatus
 
 RankOrder = Literal["tp-pp-dp", "tp-dp-pp"]
@@ -64,6 +64,10 @@ TRAINING_SCHEMA: dict[str, Any] = {
                        f"forward/backward on one rank (default {degrees.DEFAULT_MICRO_BATCH})."},
         "schedule": {"type": "string", "description": "Bundled trainer: pipeline schedule, 1f1b "
                      f"or gpipe (default {degrees.DEFAULT_SCHEDULE})."},
+        "metricsPort": {"type": "integer", "minimum": 0, "maximum": 65535, "description":
+                        "Bundled trainer: Prometheus port of local rank 0 in each pod (default "
+                        f"{DEFAULT_METRICS_PORT}; 0 disables). Declared as the pods' `metrics` port "
+                        "and opened to every source by the job's NetworkPolicy."},
     },
 }
 TrainingFreeForm = Annotated[dict[str, Any], WithJsonSchema(TRAINING_SCHEMA)]
@@ -440,6 +444,15 @@ class TrainingJobSpec(WireModel):
     @property
     def pods(self) -> int:
         return self.parallelism.world_size // self.worker.gpus_per_pod
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The bundled trainer's Prometheus port in each pod (spec.training.metricsPort), or None
+        when it serves none (0)."""
+        port = self.training.get("metricsPort", DEFAULT_METRICS_PORT)
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            return None
+        return port
 
     @model_validator(mode="after")
     def _mesh_fits_pods(self) -> TrainingJobSpec:

@@ -60,6 +60,8 @@ SHM_DIR = "/dev/shm"
 EXIT_STOPPED = 75
 
 DEFAULT_MASTER_PORT = 29500
+# The bundled trainer's Prometheus port (local rank 0 of each pod; spec.training.metricsPort, 0 off).
+DEFAULT_METRICS_PORT = 9400
 RANK_ORDERS = ("tp-pp-dp", "tp-dp-pp")
 # Environment keys the operator owns; a user's spec.worker.env cannot override them.
 RESERVED = frozenset(

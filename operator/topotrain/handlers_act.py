@@ -112,7 +112,7 @@ class Actuator:
         settings = self.settings
         self.kube.apply(service(job, settings.master_port))
         if settings.network_policy:
-            self.kube.apply(network_policy(job))
+            self.kube.apply(network_policy(job, spec.metrics_port))
         if not launch.only or launch.in_place:
             self.kube.apply(rank_table(job, spec, launch.attempt, launch.data, launch.pool,
                                        launch.assignments))

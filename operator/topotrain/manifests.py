@@ -146,17 +146,22 @@ def service(job: JobMeta, master_port: int) -> dict[str, Any]:
     }
 
 
-def network_policy(job: JobMeta) -> dict[str, Any]:
+def network_policy(job: JobMeta, metrics_port: int | None = None) -> dict[str, Any]:
     """NetworkPolicy `<job>`: only the job's own pods reach its pods (rendezvous, collectives,
-    any port); egress is left alone. Policies add up, so another one may open a port more."""
+    any port), except the trainer's metrics port, which any source may scrape (Prometheus runs
+    wherever the cluster runs it; the port serves read-only gauges); egress is left alone.
+    Policies add up, so another one may open a port more."""
     gang = {"matchLabels": {JOB_LABEL: job.name}}
+    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": gang}]}]
+    if metrics_port is not None:
+        ingress.append({"ports": [{"protocol": "TCP", "port": metrics_port}]})
     return {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
         "metadata": _metadata(job, job.name, labels(job.name)),
         "spec": {
             "podSelector": gang,
             "policyTypes": ["Ingress"],
-            "ingress": [{"from": [{"podSelector": gang}]}],
+            "ingress": ingress,
         },
     }
 
@@ -313,7 +318,8 @@ def _trainer_container(job: JobMeta, spec: TrainingJobSpec, plan: PodPlan) -> di
     container: dict[str, Any] = {
         "name": CONTAINER, "image": spec.image, "env": _env(spec, job, plan),
         "resources": _resources(spec),
-        "ports": [{"name": "rendezvous", "containerPort": plan.master_port}],
+        "ports": [{"name": "rendezvous", "containerPort": plan.master_port},
+                  *([{"name": "metrics", "containerPort": spec.metrics_port}] if spec.metrics_port else [])],
         "volumeMounts": [
             {"name": SHM_VOLUME, "mountPath": SHM_DIR},
             {"name": CONTROL_VOLUME, "mountPath": CONTROL_DIR, "readOnly": True},

@@ -66,8 +66,10 @@ def test_each_job_gets_a_network_policy_that_admits_only_its_gang(guarded: Clust
     gang = {"topotrain.io/job": "llm"}
     assert policy.spec.pod_selector.match_labels == gang
     assert policy.spec.policy_types == ["Ingress"]
-    (rule,) = policy.spec.ingress
+    rule, metrics = policy.spec.ingress
     assert [peer.pod_selector.match_labels for peer in rule._from] == [gang] and not rule.ports
+    # the trainer's metrics port (the bundled trainer's default) from any source, and nothing else
+    assert not metrics._from and [(p.protocol, p.port) for p in metrics.ports] == [("TCP", 9400)]
     owner = policy.metadata.owner_references[0]
     assert (owner.kind, owner.uid) == ("TrainingJob", guarded.job("llm")["metadata"]["uid"])
 

@@ -155,3 +155,35 @@ def service_nodes(kube: Kube, kind_env: KindEnv) -> dict[str, str]:
         for pod in kubectl_json(kube, "-n", namespace, "get", "pods", "-l", selector)["items"]:
             placed[pod["metadata"]["name"]] = pod["spec"].get("nodeName", "")
     return placed
+
+
+def scrape(kube: Kube, kind_env: KindEnv, url: str, timeout: float = 120) -> str:
+    """GET `url` from a pod of its own on the control-plane node, over the pod network (as a
+    Prometheus in the cluster would); its body. The pod runs the operator image (Python), which
+    scripts/kind-e2e.sh loads onto that node only."""
+    image = kubectl_json(kube, "-n", kind_env.operator_namespace, "get", "deployments")[
+        "items"][0]["spec"]["template"]["spec"]["containers"][0]["image"]
+    pod = f"scrape-{uuid.uuid4().hex[:6]}"
+    script = (f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=10)"
+              ".read().decode())")  # fmt: skip
+    overrides = {"spec": {
+        "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
+        "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
+                         "effect": "NoSchedule"}],
+        "containers": [{
+            "name": pod, "image": image, "imagePullPolicy": "Never",
+            "command": ["python", "-c", script],
+            "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False},
+        }],
+    }}  # fmt: skip
+    kube.kubectl("-n", kind_env.namespace, "run", pod, "--restart=Never", f"--image={image}",
+                 f"--overrides={json.dumps(overrides)}")  # fmt: skip
+    try:
+        wait_for(lambda: kubectl_json(kube, "-n", kind_env.namespace, "get", "pod", pod)["status"].get(
+            "phase") in ("Succeeded", "Failed"), timeout, f"pod {pod} to finish")  # fmt: skip
+        text = kube.kubectl("-n", kind_env.namespace, "logs", pod).stdout
+        phase = kubectl_json(kube, "-n", kind_env.namespace, "get", "pod", pod)["status"]["phase"]
+        assert phase == "Succeeded", f"GET {url} from {pod}: {text[-2000:]}"
+        return str(text)
+    finally:
+        kube.kubectl("-n", kind_env.namespace, "delete", "pod", pod, "--wait=false", check=False)

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import uuid
 
 from testbed.kube import Kube
-from tests.kind.conftest import KindEnv, kubectl_json, wait_for
+from tests.kind.conftest import KindEnv, kubectl_json, scrape
 from tests.kind.host_sysctl import differences, snapshot
 
 
@@ -21,34 +20,10 @@ def test_operator_metrics_scraped_from_inside_the_cluster(kube: Kube, kind_env: 
     svc = services[0]
     url = (f"http://{svc['metadata']['name']}.{kind_env.operator_namespace}.svc:"
            f"{svc['spec']['ports'][0]['port']}/metrics")  # fmt: skip
-    operator_image = kubectl_json(kube, "-n", kind_env.operator_namespace, "get", "deployments")[
-        "items"][0]["spec"]["template"]["spec"]["containers"][0]["image"]
-    pod = f"scrape-{uuid.uuid4().hex[:6]}"
-    script = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=10).read().decode())"
-    # the operator image is loaded onto the control-plane node only (scripts/kind-e2e.sh)
-    overrides = {"spec": {
-        "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
-        "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
-                         "effect": "NoSchedule"}],
-        "containers": [{
-            "name": pod, "image": operator_image, "imagePullPolicy": "Never",
-            "command": ["python", "-c", script],
-            "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False},
-        }],
-    }}  # fmt: skip
-    kube.kubectl("-n", kind_env.namespace, "run", pod, "--restart=Never", f"--image={operator_image}",
-                 f"--overrides={json.dumps(overrides)}")  # fmt: skip
-    try:
-        wait_for(lambda: kubectl_json(kube, "-n", kind_env.namespace, "get", "pod", pod)["status"].get(
-            "phase") in ("Succeeded", "Failed"), 120, f"pod {pod} to finish")  # fmt: skip
-        text = kube.kubectl("-n", kind_env.namespace, "logs", pod).stdout
-        phase = kubectl_json(kube, "-n", kind_env.namespace, "get", "pod", pod)["status"]["phase"]
-        assert phase == "Succeeded", text[-2000:]
-        # the jobs of the tests above were counted by phase
-        assert 'topotrain_jobs{phase="Succeeded"}' in text, text[-2000:]
-        assert "topotrain_reconcile_seconds_count" in text
-    finally:
-        kube.kubectl("-n", kind_env.namespace, "delete", "pod", pod, "--wait=false", check=False)
+    text = scrape(kube, kind_env, url)
+    # the jobs of the tests above were counted by phase
+    assert 'topotrain_jobs{phase="Succeeded"}' in text, text[-2000:]
+    assert "topotrain_reconcile_seconds_count" in text
 
 
 def test_host_kernel_settings_unchanged_while_nodes_run(kind_env: KindEnv) -> None:

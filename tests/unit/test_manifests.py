@@ -198,6 +198,22 @@ def test_the_network_policy_lets_only_the_gang_in() -> None:
     assert policy["spec"]["ingress"] == [{"from": [{"podSelector": gang}]}]
 
 
+def test_the_trainers_metrics_port_is_declared_and_open_to_any_scraper() -> None:
+    s = spec()
+    assert s.metrics_port == 9400  # the bundled trainer's default
+    ports = pod(JOB, s, PodPlan(0, 0, "n", 2, None))["spec"]["containers"][0]["ports"]
+    assert {"name": "metrics", "containerPort": 9400} in ports
+    gang = {"matchLabels": {"topotrain.io/job": "llm"}}
+    assert network_policy(JOB, s.metrics_port)["spec"]["ingress"] == [
+        {"from": [{"podSelector": gang}]},
+        {"ports": [{"protocol": "TCP", "port": 9400}]},  # no `from`: Prometheus, wherever it runs
+    ]
+    off = spec(training={"metricsPort": 0})
+    assert off.metrics_port is None
+    ports = pod(JOB, off, PodPlan(0, 0, "n", 2, None))["spec"]["containers"][0]["ports"]
+    assert [p["name"] for p in ports] == ["rendezvous"]
+
+
 PASS_THROUGH = {
     "gpusPerPod": 2,
     "volumes": [{"name": "datasets", "persistentVolumeClaim": {"claimName": "datasets", "readOnly": True}},

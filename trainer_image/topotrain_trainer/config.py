@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
+from topotrain.contract import DEFAULT_METRICS_PORT
 from topotrain.degrees import DEFAULT_GLOBAL_BATCH, DEFAULT_MICRO_BATCH, DEFAULT_SCHEDULE, BatchRule
 
 from topotrain_trainer.model import MODEL_CONFIGS
@@ -45,7 +46,7 @@ class TrainingConfig:
     precision: str = "auto"  # auto: bf16 on cuda, fp32 on cpu
     activation_checkpointing: bool = False
     progress_every: int = 10  # steps between progress.json heartbeats and log lines
-    metrics_port: int = 9400  # Prometheus port of local rank 0; 0 disables
+    metrics_port: int = DEFAULT_METRICS_PORT  # Prometheus port of local rank 0; 0 disables
     staging_dir: str = ""  # local disk for checkpoint staging; default: the temp dir
     sync_checkpoint: bool = False  # block training for the whole save (the baseline)
 
