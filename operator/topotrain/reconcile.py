@@ -343,7 +343,7 @@ def _steady(
     decision.recovered_seconds = sb.running()
     if _roll_for_spec_change(obs, sb, decision, attempt, current):
         return
-    if _move_off_cordoned(obs, sb, decision, attempt, current):
+    if _move_off_cordoned(obs, sb, decision, attempt, current, data):
         return
     _maybe_resize(obs, sb, decision, attempt, current, data)
 
@@ -537,7 +537,7 @@ def _on_failure(
 
 def _move_off_cordoned(
     obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
-    current: list[policy.PodView],
+    current: list[policy.PodView], data: int,
 ) -> bool:
     """A node of the running gang was cordoned (`kubectl cordon`, or the first half of
     `kubectl drain`): move the gang off it before an eviction comes, losing no step.
@@ -557,9 +557,8 @@ def _move_off_cordoned(
     if not cordoned:
         return False
     low, high = elastic.bounds(obs.spec.parallelism)
-    running = sb.status.parallelism.data if sb.status.parallelism else high
-    # cordoned nodes are not in the planner's inventory
-    outcome = obs.planner.plan(max(low, min(running, high)), high)
+    # `data`: the running degree; cordoned nodes are not in the planner's inventory
+    outcome = obs.planner.plan(max(low, min(data, high)), high)
     if not outcome.feasible or set(cordoned) & set(outcome.assignments.values()):
         return False
     wait = planned.checkpoint_first(sb, obs.checkpoint, current, attempt, "drain", obs.now)
