@@ -7,9 +7,13 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+# The testbed's Go builds (CPU; about 20 minutes on a cold machine) run while the venv is made
+# (mostly downloads) and lint and mypy run; nothing before pytest needs them.
+testbed_log=$(mktemp)
+testbed/build.sh >"$testbed_log" 2>&1 &
+testbed_build=$!
 venv=$(scripts/bootstrap.sh trainer | tail -n 1)
-bin=$(testbed/build.sh | tail -n 1)
-export PATH="$venv/bin:$bin:$PATH"
+export PATH="$venv/bin:$PATH"
 # This checkout's code first: the cached venv is shared by every checkout on the machine.
 export PYTHONPATH="$root/operator:$root/trainer_image:$root${PYTHONPATH:+:$PYTHONPATH}"
 # mypy analyses torch on a cold cache (minutes): keep its cache with the other builds.
@@ -29,6 +33,20 @@ if [ $whole -eq 1 ]; then
     [ $kind = 1 ] || echo "== kind: skipped (not root and no Docker engine answers; TOPOTRAIN_KIND_E2E=1 forces it)"
   fi
 fi
+testbed_wait() {
+  local start=$SECONDS c=0
+  wait "$testbed_build" || c=$?
+  grep -E ' took ' "$testbed_log" || true
+  if [ $c -ne 0 ]; then tail -n 40 "$testbed_log" >&2; echo "testbed/build.sh failed (exit $c)" >&2; exit 1; fi
+  bin=$(tail -n 1 "$testbed_log")
+  export PATH="$bin:$PATH"
+  echo "== testbed binaries: $bin (waited $((SECONDS - start))s)"
+}
+echo "== ruff (at ${SECONDS}s)"
+ruff check operator trainer_image tests bench testbed scripts
+echo "== mypy --strict (at ${SECONDS}s)"
+mypy --strict operator/topotrain trainer_image/topotrain_trainer
+testbed_wait
 if [ "$kind" = 1 ]; then
   # Its builds (Go binaries, base and node images, our Dockerfiles: minutes on a cold machine,
   # seconds on a warm one) run meanwhile at the lowest CPU priority; the cluster comes after.
@@ -37,11 +55,7 @@ if [ "$kind" = 1 ]; then
   nice -n 19 scripts/kind-e2e.sh --prepare >"$kind_log" 2>&1 &
   kind_prepare=$!
 fi
-echo "== ruff"
-ruff check operator trainer_image tests bench testbed scripts
-echo "== mypy --strict"
-mypy --strict operator/topotrain trainer_image/topotrain_trainer
-echo "== pytest"
+echo "== pytest (at ${SECONDS}s)"
 set +e
 # The default run is every suite, the bounded chaos soak (tests/chaos, about 6 minutes) included,
 # and then the real-data-plane suite on a kind cluster (scripts/kind-e2e.sh, docs/kind.md).
@@ -59,7 +73,7 @@ if [ "$kind" = 1 ]; then
   wait "$kind_prepare" || prepare_code=$?
   echo "== kind: preparation exit $prepare_code"
   if [ $prepare_code -eq 0 ]; then grep -E ' took |prepared in' "$kind_log" || true; else tail -n 40 "$kind_log"; fi
-  echo "== kind (scripts/kind-e2e.sh: images, a kind cluster, tests/kind)"
+  echo "== kind (scripts/kind-e2e.sh: images, a kind cluster, tests/kind; at ${SECONDS}s)"
   start=$SECONDS
   set +e
   scripts/kind-e2e.sh
