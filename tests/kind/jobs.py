@@ -131,6 +131,21 @@ class KindJob:
                         out.setdefault(attempt, []).append(record)
         return out
 
+    def diagnose(self) -> str:
+        """What a failed test needs to see: the job's status, its Events, the operator's last lines."""
+        parts = []
+        with contextlib.suppress(Exception):
+            parts.append("status: " + json.dumps(self.status(), indent=1))
+        with contextlib.suppress(Exception):
+            parts.append(self.kube.kubectl(
+                "-n", self.env.namespace, "get", "events", "--sort-by=.lastTimestamp",
+                f"--field-selector=involvedObject.name={self.name}", check=False).stdout)  # fmt: skip
+        with contextlib.suppress(Exception):
+            parts.append(self.kube.kubectl(
+                "-n", self.env.operator_namespace, "logs", "deployment/topotrain", "--tail=60",
+                check=False).stdout)  # fmt: skip
+        return "\n".join(str(p) for p in parts)
+
     def close(self) -> None:
         self._stop.set()
         for proc in self._followers.values():
@@ -151,6 +166,9 @@ def running_job(kube: Kube, env: KindEnv, bucket: str, tmp_path: Path, stem: str
     follower.start()
     try:
         yield job
+    except BaseException:
+        print(f"--- job {name} at the failure ---\n{job.diagnose()}")  # pytest shows it with the failure
+        raise
     finally:
         job.close()
         follower.join(5)

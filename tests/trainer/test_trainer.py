@@ -24,9 +24,16 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from topotrain.checkpoints import CheckpointStore, ServedRequest
-from topotrain.contract import CHECKPOINT_REQUEST, CONTROL_DIR_ENV
+from topotrain.contract import (
+    ATTEMPT_ANNOTATION,
+    CHECKPOINT_REQUEST,
+    CONTROL_DIR_ENV,
+    RESUME_STEP_ANNOTATION,
+    format_control,
+)
 from topotrain_trainer.config import EXIT_BAD_CONFIG, TrainingConfig
 from topotrain_trainer.control import EXIT_STOPPED
+from topotrain_trainer.supervisor import SPARE_DELAY_ENV
 
 from .harness import REPO_ROOT, TrainerRun, trainer_env
 from .reference import reference_run
@@ -293,3 +300,33 @@ def test_checkpoint_request_and_sigterm_lose_no_step(
     for run in (first, second):
         for step, loss in run.losses().items():
             assert loss == baseline.losses[step], f"step {step} differs after the stop"
+
+
+def test_warm_spares_run_the_next_attempt_in_place_from_its_checkpoint(
+    s3: S3Server, baseline: Baseline, tmp_path: Path
+) -> None:
+    """`warmSpares`: the pod's supervisor keeps one interpreter per local rank with torch and the
+    trainer imported. When the operator bumps the attempt (the control file, as the kubelet
+    writes it), those processes become the new attempt's ranks: they restore the committed step
+    and reproduce the uninterrupted losses exactly."""
+    uri = fresh_uri(s3)
+    control = tmp_path / "control"
+    control.mkdir()
+    env = trainer_env(data=2, training=training(tmp_path, warm_spares=True), s3_env=s3.env(),
+                      checkpoint_uri=uri, interval=INTERVAL)  # fmt: skip
+    env[CONTROL_DIR_ENV] = str(control)
+    env[SPARE_DELAY_ENV] = "0"
+    run = TrainerRun(env)
+    assert run.wait_for("spares_started")["spares"] == 2
+    run.wait_for("checkpoint_committed", step=INTERVAL)
+    staged = control / ".annotations.new"
+    staged.write_text(format_control({ATTEMPT_ANNOTATION: "1", RESUME_STEP_ANNOTATION: str(INTERVAL)}))
+    staged.replace(control / "annotations")
+    started = run.wait_for("workers_started")
+    assert (started["attempt"], started["warm"]) == (1, 2), run.tail()
+    assert run.finish() == 0, run.tail()
+    restored = [e for e in run.events if e["event"] == "restored"]
+    assert [e["step"] for e in restored] == [INTERVAL], run.tail()
+    assert sorted(run.losses()) == list(range(1, STEPS + 1))
+    for step, loss in run.losses().items():
+        assert loss == baseline.losses[step], f"step {step} differs after the warm restart"

@@ -33,10 +33,18 @@ from topotrain_trainer.supervisor import EXIT_PEER_LOST, Supervisor, worker_env
 # FAKE_PLAN: {"<attempt>/<local rank>": "exit:N" | "sleep" | "sleep_then:N"}; each start is logged.
 FAKE_WORKER = textwrap.dedent("""
     import json, os, signal, sys, time
+    warm = os.environ.get("TOPOTRAIN_WARM_SPARE") == "1"
+    if warm:  # a warm spare: wait to be told which rank to be, as the trainer's does
+        from topotrain_trainer.supervisor import await_activation
+        told = await_activation()
+        if told is None:
+            sys.exit(0)
+        os.environ.clear()
+        os.environ.update(told)
     attempt, local = os.environ["TOPOTRAIN_ATTEMPT"], os.environ["LOCAL_RANK"]
     with open(os.environ["FAKE_LOG"], "a") as log:
         log.write(json.dumps({"attempt": int(attempt), "rank": int(os.environ["RANK"]),
-                              "master": os.environ["MASTER_ADDR"],
+                              "master": os.environ["MASTER_ADDR"], "pid": os.getpid(), "warm": warm,
                               "resume": os.environ["TOPOTRAIN_RESUME_STEP"]}) + "\\n")
     action = json.loads(os.environ["FAKE_PLAN"]).get(f"{attempt}/{local}", "exit:0")
     if action.startswith("exit:"):
@@ -53,7 +61,7 @@ ENV = TrainerEnv(master_addr="job-0-0.job.ns.svc", master_port=29500, nnodes=2, 
                  nproc_per_node=2, tensor=1, pipeline=2, data=2)  # fmt: skip
 
 
-def supervisor(tmp_path: Path, plan: dict[str, str], **kwargs: float) -> Supervisor:
+def supervisor(tmp_path: Path, plan: dict[str, str], **kwargs: float | bool) -> Supervisor:
     base = {**os.environ, "FAKE_PLAN": json.dumps(plan), "FAKE_LOG": str(tmp_path / "starts")}
     options = {"poll": 0.05, "grace": 1.0, "settle": 1.0, "peer_wait": 30.0, **kwargs}
     return Supervisor(ENV, tmp_path / "annotations", worker_argv=[sys.executable, "-c", FAKE_WORKER],
@@ -179,3 +187,51 @@ def test_sigterm_is_forwarded_to_the_workers(tmp_path: Path) -> None:
     wait_for(lambda: len(starts(tmp_path)) == 2)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 128 + signal.SIGTERM  # the workers died of the forwarded SIGTERM
+
+
+def test_warm_spares_take_the_next_attempt_in_place(tmp_path: Path) -> None:
+    write_control(tmp_path, 0)
+    plan = {"0/0": "sleep", "0/1": "sleep", "1/0": "sleep", "1/1": "sleep", "2/0": "exit:0", "2/1": "exit:0"}
+    sup = supervisor(tmp_path, plan, warm_spares=True, spare_delay=0.0)
+    thread, result = run_in_thread(sup)
+    wait_for(lambda: len(starts(tmp_path)) == 2 and len(sup.spares) == 2)
+    spare_pids = {s.pid for s in sup.spares}
+    write_control(tmp_path, 1, resume="8", master="job-1-0.job.ns.svc")
+    wait_for(lambda: len(starts(tmp_path)) == 4)
+    second = starts(tmp_path)[2:]
+    assert {r["pid"] for r in second} == spare_pids and all(r["warm"] for r in second)
+    assert sorted(int(str(r["rank"])) for r in second) == [2, 3]
+    assert {(r["master"], r["resume"]) for r in second} == {("job-1-0.job.ns.svc", "8")}
+    # a spare that died meanwhile is replaced by a fresh process: the attempt still has every rank
+    wait_for(lambda: len(sup.spares) == 2)
+    sup.spares[0].kill()
+    sup.spares[0].wait()
+    left = sup.spares[1].pid
+    write_control(tmp_path, 2)
+    thread.join(20)
+    assert result == [0]
+    third = starts(tmp_path)[4:]
+    assert sorted(int(str(r["rank"])) for r in third) == [2, 3]
+    assert [bool(r["warm"]) for r in sorted(third, key=lambda r: not r["warm"])] == [True, False]
+    assert left in {r["pid"] for r in third}
+    assert not sup.spares, "the supervisor lets its spares go when it exits"
+
+
+def test_without_warm_spares_every_attempt_starts_new_processes(tmp_path: Path) -> None:
+    write_control(tmp_path, 0)
+    sup = supervisor(tmp_path, {"0/0": "sleep", "0/1": "sleep"}, spare_delay=0.0)
+    thread, result = run_in_thread(sup)
+    wait_for(lambda: len(starts(tmp_path)) == 2)
+    time.sleep(0.3)
+    assert not sup.spares
+    write_control(tmp_path, 1)
+    thread.join(20)
+    assert result == [0] and not any(r["warm"] for r in starts(tmp_path))
+
+
+def test_spares_are_let_go_when_the_pod_finishes(tmp_path: Path) -> None:
+    write_control(tmp_path, 0)
+    sup = supervisor(tmp_path, {"0/0": "sleep_then:0", "0/1": "sleep_then:0"}, warm_spares=True,
+                     spare_delay=0.0)  # fmt: skip
+    assert sup.run() == 0
+    assert len(starts(tmp_path)) == 2, "a spare never became a rank"

@@ -26,6 +26,7 @@ from topotrain.contract import ContractError, TrainerEnv, control_path, read_con
 from topotrain_trainer.config import EXIT_BAD_CONFIG, EXIT_PEER_LOST, ConfigError, TrainingConfig
 from topotrain_trainer.data import check_vocab
 from topotrain_trainer.model import model_config
+from topotrain_trainer.supervisor import SPARE_ENV, await_activation
 
 
 def load() -> tuple[TrainerEnv, TrainingConfig]:
@@ -36,6 +37,21 @@ def load() -> tuple[TrainerEnv, TrainingConfig]:
     config.check_mesh(env.tensor, env.pipeline, env.data)
     check_vocab(config.dataset, config.model, model_config(config.model).vocab_size)
     return env, config
+
+
+def warm_spare() -> int:
+    """A supervisor's warm spare: import what a rank imports, wait to be told which rank of
+    which attempt to be (`supervisor.await_activation`), then train as that rank."""
+    die_with_parent()
+    import topotrain_trainer.train  # noqa: F401  torch, the model, the checkpointing: the slow part
+
+    env = await_activation()
+    if env is None:
+        return 0  # let go: the supervisor exits or no longer needs it
+    os.environ.clear()
+    os.environ.update(env)
+    os.environ.pop(SPARE_ENV, None)
+    return main([])
 
 
 def torchrun_argv(env: TrainerEnv) -> list[str]:
@@ -156,6 +172,8 @@ def main(argv: list[str]) -> int:
     if argv:
         print(f"unknown arguments {' '.join(argv)!r}\n{USAGE}", file=sys.stderr)
         return EXIT_BAD_CONFIG
+    if os.environ.get(SPARE_ENV) == "1":
+        return warm_spare()
     try:
         env, config = load()
     except (ContractError, ConfigError) as err:
@@ -164,7 +182,7 @@ def main(argv: list[str]) -> int:
     if "LOCAL_RANK" not in os.environ:
         from topotrain_trainer.supervisor import supervise
 
-        return supervise(env, control_path())
+        return supervise(env, control_path(), warm_spares=config.warm_spares)
     die_with_parent()
     return train_rank(env, config)
 

@@ -49,6 +49,9 @@ class TrainingConfig:
     metrics_port: int = DEFAULT_METRICS_PORT  # Prometheus port of local rank 0; 0 disables
     staging_dir: str = ""  # local disk for checkpoint staging; default: the temp dir
     sync_checkpoint: bool = False  # block training for the whole save (the baseline)
+    # the pod's supervisor keeps a spare interpreter per local rank with torch imported for the
+    # next in-place restart (supervisor.py): faster restarts for one more process's memory
+    warm_spares: bool = False
 
     @classmethod
     def from_json(cls, text: str) -> TrainingConfig:

@@ -32,8 +32,22 @@ CHECKPOINTS = Counter("topotrain_checkpoints", "Checkpoints by outcome", ["outco
 class Metrics:
     def __init__(self, rank: int, local_rank: int, port: int) -> None:
         self.rank = rank
+        self.serving = False
         if port and local_rank == 0:
-            start_http_server(port)
+            try:
+                start_http_server(port)
+                self.serving = True
+            except OSError as err:
+                # Metrics never stop training: a port another process of the pod still holds
+                # (a worker of an attempt restarted in place that has not let go yet, a sidecar
+                # on the same port) costs this attempt its endpoint, and says so.
+                self.warn({"event": "metrics_unavailable", "port": port, "error": str(err)})
+
+    @staticmethod
+    def warn(record: dict[str, Any]) -> None:
+        """A JSON line on stderr, whichever rank: a pod's log shows why its endpoint is missing."""
+        sys.stderr.write(json.dumps({"time": round(time.time(), 3), **record}) + "\n")
+        sys.stderr.flush()
 
     def emit(self, record: dict[str, Any]) -> None:
         """One JSON log line (rank 0 only); checkpoint stalls and outcomes also count."""

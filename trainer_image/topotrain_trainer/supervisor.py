@@ -22,6 +22,15 @@ Rules, checked every `poll` seconds:
 - SIGTERM/SIGINT: forwarded to the workers (they may checkpoint); the supervisor
   exits when they have.
 
+Warm spares (`training.warmSpares`): `spare_delay` seconds after a worker group
+starts, the supervisor starts one spare process per local rank that imports
+torch and the trainer and then waits on its stdin. The next in-place restart
+hands each spare its rank's environment (one JSON line) instead of starting a
+new interpreter, so the restarted attempt skips the imports; a spare that died
+is replaced by a fresh process. Spares cost host memory (one more interpreter
+with torch per local rank), nothing else; the supervisor lets them go (EOF on
+stdin, then SIGKILL) whenever it exits.
+
 The workers stay in the supervisor's process group, so whoever signals the pod's
 group reaches them too, and each asks the kernel to kill it if the supervisor
 dies (`die_with_parent`).
@@ -41,6 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import IO
 
 from topotrain.contract import ContractError, TrainerEnv, read_control, with_control
 
@@ -51,6 +61,21 @@ ATTEMPT_GRACE_SECONDS = 3.0  # an abandoned attempt's workers have nothing worth
 SETTLE_SECONDS = 5.0  # after a first worker failure, how long the others get to fail too
 PEER_WAIT_SECONDS = 600.0
 PEER_WAIT_ENV = "TOPOTRAIN_PEER_WAIT_SECONDS"
+SPARE_ENV = "TOPOTRAIN_WARM_SPARE"  # "1": the process is a warm spare (await_activation)
+SPARE_DELAY_SECONDS = 30.0  # after a group starts: its own start (imports, rendezvous) goes first
+SPARE_DELAY_ENV = "TOPOTRAIN_WARM_SPARE_DELAY_SECONDS"
+
+
+def await_activation(stream: IO[str] | None = None) -> dict[str, str] | None:
+    """A warm spare's wait: the environment of the rank it is to run (one JSON object on a line
+    from the supervisor), or None when the supervisor let it go (end of input)."""
+    line = (stream or sys.stdin).readline()
+    if not line.strip():
+        return None
+    env = json.loads(line)
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ContractError("a warm spare's activation must be a JSON object of strings")
+    return env
 
 
 def worker_env(base: Mapping[str, str], env: TrainerEnv, local_rank: int) -> dict[str, str]:
@@ -110,15 +135,20 @@ class Supervisor:
         grace: float = ATTEMPT_GRACE_SECONDS,
         settle: float = SETTLE_SECONDS,
         peer_wait: float = PEER_WAIT_SECONDS,
+        warm_spares: bool = False,
+        spare_delay: float = SPARE_DELAY_SECONDS,
         emit: Callable[[dict[str, object]], None] | None = None,
     ) -> None:
         self.env, self.control = env, control
         self.worker_argv = list(worker_argv)
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.poll, self.grace, self.settle, self.peer_wait = poll, grace, settle, peer_wait
+        self.warm_spares, self.spare_delay = warm_spares, spare_delay
         self.emit = emit or _print_json
         self.stop_signal: int | None = None
         self.group: WorkerGroup | None = None
+        self.spares: list[subprocess.Popen[bytes]] = []
+        self.spares_due: float | None = None  # monotonic time to start the next spares
 
     def desired(self) -> TrainerEnv:
         """The attempt the control file asks for; the pod's environment where it says nothing."""
@@ -130,15 +160,57 @@ class Supervisor:
 
     def start(self, env: TrainerEnv) -> WorkerGroup:
         group = WorkerGroup(env.attempt)
+        warm = 0
         for local_rank in range(env.nproc_per_node):
-            group.processes.append(subprocess.Popen(
-                self.worker_argv, env=worker_env(self.base_env, env, local_rank),
-            ))  # fmt: skip
+            rank_env = worker_env(self.base_env, env, local_rank)
+            process = self._activate_spare(rank_env)
+            if process is None:
+                process = subprocess.Popen(self.worker_argv, env=rank_env)
+            else:
+                warm += 1
+            group.processes.append(process)
+        self.release_spares()  # none should be left; a smaller group never reuses stale ones
+        if self.warm_spares:
+            self.spares_due = time.monotonic() + self.spare_delay
         self.emit({"event": "workers_started", "attempt": env.attempt, "workers": env.nproc_per_node,
                    "master": f"{env.master_addr}:{env.master_port}",
-                   "resume_step": env.resume_step})  # fmt: skip
+                   "resume_step": env.resume_step, "warm": warm})  # fmt: skip
         self.group = group
         return group
+
+    def _activate_spare(self, rank_env: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
+        """A live spare, told `rank_env`; None when there is none (or none took it)."""
+        while self.spares:
+            spare = self.spares.pop(0)
+            if spare.poll() is None and spare.stdin is not None:
+                try:
+                    spare.stdin.write(json.dumps(dict(rank_env)).encode() + b"\n")
+                    spare.stdin.close()
+                    return spare
+                except OSError:  # it died between the poll and the write
+                    pass
+            _kill(spare)
+        return None
+
+    def start_spares_when_due(self) -> None:
+        if self.spares_due is None or time.monotonic() < self.spares_due:
+            return
+        self.spares_due = None
+        for _ in range(self.env.nproc_per_node):
+            self.spares.append(subprocess.Popen(
+                self.worker_argv, env={**self.base_env, SPARE_ENV: "1"}, stdin=subprocess.PIPE,
+            ))  # fmt: skip
+        self.emit({"event": "spares_started", "spares": len(self.spares)})
+
+    def release_spares(self) -> None:
+        """Let every spare go: end of input (a spare waiting on it exits 0), then SIGKILL."""
+        spares, self.spares = self.spares, []
+        for spare in spares:
+            if spare.stdin is not None:
+                with contextlib.suppress(OSError):
+                    spare.stdin.close()
+        for spare in spares:
+            _kill(spare)
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.stop_signal = signum
@@ -162,6 +234,7 @@ class Supervisor:
                     current, waiting_since = wanted, None
                     group = self.start(current)
                     continue
+                self.start_spares_when_due()
                 if waiting_since is None:
                     verdict = self._judge(group)
                     if verdict is not None and verdict != EXIT_PEER_LOST:
@@ -175,6 +248,7 @@ class Supervisor:
                     return EXIT_PEER_LOST
                 time.sleep(self.poll)
         finally:
+            self.release_spares()
             if self.group is not None:
                 self.group.stop(self.grace)
 
@@ -201,6 +275,7 @@ class Supervisor:
     def _forward_stop(self, group: WorkerGroup) -> int:
         """The pod is being stopped: pass the signal on and wait for the workers (they may save)."""
         sig = self.stop_signal or signal.SIGTERM
+        self.release_spares()
         self.emit({"event": "stopping", "signal": signal.Signals(sig).name, "attempt": group.attempt})
         group.signal(signal.Signals(sig))
         group.signal(signal.SIGCONT)
@@ -210,17 +285,29 @@ class Supervisor:
         return next((c for c in codes if c != 0), 0)
 
 
-def peer_wait_seconds(env: Mapping[str, str]) -> float:
-    raw = env.get(PEER_WAIT_ENV, "")
+def _kill(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+    process.wait()
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "")
     try:
-        return float(raw) if raw else PEER_WAIT_SECONDS
+        return max(0.0, float(raw)) if raw else default
     except ValueError:
-        return PEER_WAIT_SECONDS
+        return default
+
+
+def peer_wait_seconds(env: Mapping[str, str]) -> float:
+    return _seconds(env, PEER_WAIT_ENV, PEER_WAIT_SECONDS)
 
 
 def _print_json(event: dict[str, object]) -> None:
     print(json.dumps({**event, "source": "supervisor"}), flush=True)
 
 
-def supervise(env: TrainerEnv, control: Path) -> int:
-    return Supervisor(env, control, peer_wait=peer_wait_seconds(os.environ)).run()
+def supervise(env: TrainerEnv, control: Path, *, warm_spares: bool = False) -> int:
+    return Supervisor(env, control, peer_wait=peer_wait_seconds(os.environ), warm_spares=warm_spares,
+                      spare_delay=_seconds(os.environ, SPARE_DELAY_ENV, SPARE_DELAY_SECONDS)).run()  # fmt: skip
