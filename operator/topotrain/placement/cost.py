@@ -31,6 +31,11 @@ class DomainIndex:
             table = ids[level]
             self.dom.append([table.setdefault(k, len(table)) for k in level_keys])
         self.clique, self.rack, self.block = self.dom
+        self.rack_free: dict[int, int] = {}  # free GPUs per rack id
+        # fill.Tree's domain structure per pod size (the index's nodes do not change)
+        self.trees: dict[int, tuple[list[int], dict[int, list[int]], dict[int, list[int]], dict[int, list[int]]]] = {}
+        for i, node in enumerate(self.nodes):
+            self.rack_free[self.rack[i]] = self.rack_free.get(self.rack[i], 0) + node.free
 
     def distance(self, a: int, b: int) -> int:
         if a == b:

@@ -27,6 +27,20 @@ class Tree:
 
     @classmethod
     def build(cls, index: DomainIndex, gpus_per_pod: int, k: int) -> Tree:
+        """The tree of `index` for pods of `gpus_per_pod` GPUs in units of `k` pods. The domain
+        structure is built once per index and pod size (a plan builds several trees of one pool);
+        each tree gets slots of its own."""
+        cached = index.trees.get(gpus_per_pod)
+        if cached is None:
+            cached = cls._structure(index, gpus_per_pod)
+            index.trees[gpus_per_pod] = cached
+        slots, clique_nodes, rack_cliques, block_racks = cached
+        return cls(index, list(slots), k, clique_nodes, rack_cliques, block_racks)
+
+    @staticmethod
+    def _structure(
+        index: DomainIndex, gpus_per_pod: int
+    ) -> tuple[list[int], dict[int, list[int]], dict[int, list[int]], dict[int, list[int]]]:
         slots = [n.free // gpus_per_pod for n in index.nodes]
         clique_nodes: dict[int, list[int]] = {}
         rack_cliques: dict[int, list[int]] = {}
@@ -40,7 +54,7 @@ class Tree:
                 block_racks[block].append(rack)
         for nodes in clique_nodes.values():
             nodes.sort(key=lambda n: (slots[n], n))  # best fit among hosts
-        return cls(index, slots, k, clique_nodes, rack_cliques, block_racks)
+        return slots, clique_nodes, rack_cliques, block_racks
 
     def clique_cap(self, clique: int) -> int:
         return sum(self.slots[n] for n in self.clique_nodes[clique]) // self.k
@@ -53,6 +67,13 @@ class Tree:
 
     def total_cap(self) -> int:
         return sum(self.block_cap(b) for b in self.block_racks)
+
+    def capacities(self) -> Capacities:
+        """Every domain's capacity in units now, summed once."""
+        clique = {c: sum(self.slots[n] for n in nodes) // self.k for c, nodes in self.clique_nodes.items()}
+        rack = {r: sum(clique[c] for c in cliques) for r, cliques in self.rack_cliques.items()}
+        block = {b: sum(rack[r] for r in racks) for b, racks in self.block_racks.items()}
+        return Capacities(clique, rack, block)
 
     def take_units(self, clique: int, count: int) -> list[list[int]]:
         """Reserve `count` units in a clique: each a list of k nodes (one per pod)."""
@@ -71,6 +92,15 @@ class Tree:
 
     def copy(self) -> Tree:
         return Tree(self.index, list(self.slots), self.k, self.clique_nodes, self.rack_cliques, self.block_racks)
+
+
+@dataclass(frozen=True)
+class Capacities:
+    """Units that fit in each clique, rack and block of a tree, at one moment."""
+
+    clique: dict[int, int]
+    rack: dict[int, int]
+    block: dict[int, int]
 
 
 @dataclass(frozen=True)
@@ -155,30 +185,35 @@ def select(tree: Tree, need: int, how: Selection = KUEUE) -> list[tuple[int, int
     """Ordered (clique, units) covering `need` units: the lowest level at which one domain
     fits decides (as in Kueue), else the fewest blocks, racks and cliques."""
 
+    # The tree does not change during a selection: every capacity is summed once (a 10,000-node
+    # pool asks for them hundreds of thousands of times).
+    caps = tree.capacities()
+    clique_cap, rack_cap, block_cap = caps.clique.__getitem__, caps.rack.__getitem__, caps.block.__getitem__
+
     def rack_span(rack: int, n: int) -> tuple[int, ...]:
-        count, room = _count_needed([tree.clique_cap(c) for c in tree.rack_cliques[rack]], n)
+        count, room = _count_needed([clique_cap(c) for c in tree.rack_cliques[rack]], n)
         return (count, room) if how.roomy else (count,)
 
     def block_span(block: int, n: int) -> tuple[int, ...]:
         racks = tree.block_racks[block]
-        cliques = [tree.clique_cap(c) for r in racks for c in tree.rack_cliques[r]]
-        count, room = _count_needed([tree.rack_cap(r) for r in racks], n)
+        cliques = [clique_cap(c) for r in racks for c in tree.rack_cliques[r]]
+        count, room = _count_needed([rack_cap(r) for r in racks], n)
         return (count, _count_needed(cliques, n)[0], room if how.roomy else 0)
 
-    cliques = [c for c in tree.clique_nodes if tree.clique_cap(c) >= need]
+    cliques = [c for c in tree.clique_nodes if clique_cap(c) >= need]
     if cliques:
-        return [(min(cliques, key=lambda c: (tree.clique_cap(c), c)), need)]
+        return [(min(cliques, key=lambda c: (clique_cap(c), c)), need)]
     all_racks = [r for racks in tree.block_racks.values() for r in racks]
-    if any(tree.rack_cap(r) >= need for r in all_racks):
-        ((rack, _),) = pick(all_racks, tree.rack_cap, need, how, rack_span) or [(-1, 0)]
-        return pick(tree.rack_cliques[rack], tree.clique_cap, need, how)
+    if any(rack_cap(r) >= need for r in all_racks):
+        ((rack, _),) = pick(all_racks, rack_cap, need, how, rack_span) or [(-1, 0)]
+        return pick(tree.rack_cliques[rack], clique_cap, need, how)
     out: list[tuple[int, int]] = []
-    blocks = pick(list(tree.block_racks), tree.block_cap, need, how, block_span)
+    blocks = pick(list(tree.block_racks), block_cap, need, how, block_span)
     if blocks is None:
         return None
     for block, in_block in blocks:
-        for rack, in_rack in pick(tree.block_racks[block], tree.rack_cap, in_block, how, rack_span) or []:
-            out.extend(pick(tree.rack_cliques[rack], tree.clique_cap, in_rack, how) or [])
+        for rack, in_rack in pick(tree.block_racks[block], rack_cap, in_block, how, rack_span) or []:
+            out.extend(pick(tree.rack_cliques[rack], clique_cap, in_rack, how) or [])
     return out
 
 
@@ -215,9 +250,9 @@ def fill_racked(tree: Tree, mesh: Mesh, order: Sequence[int]) -> list[int] | Non
     open_racks: set[int] = set()
     open_blocks: set[int] = set()
     assign = [-1] * mesh.pods
+    caps = {r: work.rack_cap(r) for r in rack_block}
     for units in groups:
         units.sort(key=lambda u: position[u])
-        caps = {r: work.rack_cap(r) for r in rack_block}
         fitting = [r for r in caps if caps[r] >= len(units)]
         if not fitting:
             return None
@@ -227,6 +262,7 @@ def fill_racked(tree: Tree, mesh: Mesh, order: Sequence[int]) -> list[int] | Non
         slots: list[list[int]] = []
         for clique in work.rack_cliques[rack]:
             slots.extend(work.take_units(clique, len(units) - len(slots)))
+        caps[rack] = work.rack_cap(rack)  # only this rack's slots changed
         for unit, nodes in zip(units, slots, strict=True):
             for pod, node in zip(mesh.tp_units[unit], nodes, strict=True):
                 assign[pod] = node

@@ -80,9 +80,8 @@ def fragmentation(mesh: Mesh, index: DomainIndex, assign: Sequence[int]) -> Frag
         used[node] = used.get(node, 0) + mesh.request.gpus_per_pod
     racks = {index.rack[n] for n in used}
     on_nodes = sum(index.nodes[n].free - gpus for n, gpus in used.items())
-    in_racks = sum(
-        info.free - used.get(i, 0) for i, info in enumerate(index.nodes) if index.rack[i] in racks
-    )
+    # every used node lies in one of `racks`: what those racks had free, less what the gang takes
+    in_racks = sum(index.rack_free[r] for r in racks) - sum(used.values())
     return Fragmentation(on_used_nodes=on_nodes, in_used_racks=in_racks)
 
 
