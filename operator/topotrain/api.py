@@ -440,6 +440,12 @@ class TrainingJobSpec(WireModel):
         default_factory=dict, description="Free-form configuration handed to the trainer as JSON "
         "(TOPOTRAIN_TRAINING_CONFIG).", json_schema_extra={"default": {}},
     )
+    suspend: bool = Field(
+        False, description="true stops the gang and keeps the job: a running gang is asked for a "
+        "checkpoint of its current step first (bounded; then the last commit), then its pods are "
+        "deleted and the phase is Suspended. false again resumes it from the newest committed step "
+        "as a new attempt. Neither uses a restart budget.",
+    )
 
     @property
     def pods(self) -> int:

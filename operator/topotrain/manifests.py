@@ -388,7 +388,7 @@ def pod(job: JobMeta, spec: TrainingJobSpec, plan: PodPlan) -> dict[str, Any]:
 
 # Spec fields that do not change what a pod runs: the data degree is a resize, the rest only
 # steer placement and restarts.
-_NOT_IN_TEMPLATE = ("parallelism", "topology", "failurePolicy")
+_NOT_IN_TEMPLATE = ("parallelism", "topology", "failurePolicy", "suspend")
 
 
 def template_hash(spec: TrainingJobSpec) -> str:

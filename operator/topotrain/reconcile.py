@@ -147,7 +147,11 @@ def reconcile(obs: Observed) -> Decision:
             return _finish(decision, sb)
     else:
         sb.config_ok()
-    if not current and sb.status.phase == "Running":
+    if not obs.spec.suspend and sb.status.phase == "Suspended":
+        sb.resumed()
+    if obs.spec.suspend:
+        _suspend(obs, sb, decision, attempt, current)
+    elif not current and sb.status.phase == "Running":
         # The Running gang vanished whole before a pass saw a pod go (a one-pod gang's pod
         # deleted, a lost node's pods collected): a failure, never a relaunch of the same attempt.
         data = sb.status.parallelism.data if sb.status.parallelism else obs.spec.parallelism.data
@@ -346,6 +350,36 @@ def _steady(
     if _move_off_cordoned(obs, sb, decision, attempt, current, data):
         return
     _maybe_resize(obs, sb, decision, attempt, current, data)
+
+
+def _suspend(
+    obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
+    current: list[policy.PodView],
+) -> None:
+    """spec.suspend: stop the gang and keep the job, losing no step.
+
+    A Running gang is asked for a checkpoint first (planned.py, as for a resize) and keeps
+    training until it is committed (or the request's bound passed); then its pods are deleted
+    (their trainers also save on SIGTERM) and the attempt moves on, so the gang that resumes is
+    a new attempt from the newest commit. A gang not Running yet is deleted at once.
+    """
+    live = [p for p in current if not p.terminating]
+    step = None if obs.checkpoint is None else obs.checkpoint.step
+    running = sb.status.phase == "Running" and bool(live) and all(p.phase == "Running" for p in live)
+    if running:
+        wait = planned.checkpoint_first(sb, obs.checkpoint, current, attempt, "suspend", obs.now)
+        if not wait.ready:
+            decision.checkpoint_request, decision.requeue_after = wait.ask, wait.requeue_after
+            sb.suspending(attempt)
+            return
+        step = wait.resume_step if wait.resume_step is not None else step
+    else:
+        planned.cancel(sb)
+    decision.relabel, decision.release = None, []
+    if live:
+        decision.delete += [p.name for p in live if p.name not in decision.delete]
+        sb.status.attempt = attempt + 1
+    sb.suspended(step, len(live))
 
 
 def _hang(obs: Observed, sb: StatusBuilder, attempt: int) -> policy.Failure | None:

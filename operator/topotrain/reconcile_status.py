@@ -374,6 +374,36 @@ class StatusBuilder:
         self.set(C.RECOVERING, True, Reason.NODE_CORDONED, message)
         self._event(NORMAL, Reason.NODE_CORDONED, message)
 
+    def suspending(self, attempt: int) -> None:
+        """spec.suspend: the running gang was asked for a checkpoint and still trains."""
+        message = f"spec.suspend: waiting for attempt {attempt}'s checkpoint, then the gang stops"
+        self.set(C.SUSPENDED, False, Reason.SUSPENDING, message)
+
+    def suspended(self, step: int | None, stopped: int) -> None:
+        """spec.suspend: no pod of the job runs; the job and its checkpoints stay."""
+        st = self.status
+        st.phase = "Suspended"
+        if st.recovery is not None:
+            st.recovery.started = None  # a recovery that was in flight is not finished: it ends here
+        resume = "no committed checkpoint yet" if step is None else f"checkpoint of step {step} committed"
+        message = f"spec.suspend: the gang is stopped ({resume}); false resumes it from the newest commit"
+        self.set(C.READY, False, Reason.SUSPENDED, message)
+        self.set(C.RECOVERING, False, Reason.SUSPENDED, message)
+        if self.set(C.SUSPENDED, True, Reason.SUSPENDED, message):
+            self._event(NORMAL, Reason.SUSPENDED, f"{message}; {stopped} pods deleted" if stopped else message)
+
+    def resumed(self) -> None:
+        """spec.suspend went back to false: the next launch is a planned restart (cause resume)."""
+        st = self.status
+        if st.start_time:
+            st.phase = "Recovering"
+            st.recovery = self._recovery(iso(self.now), "resume", "resume")
+        else:
+            st.phase = "Pending"
+        message = "spec.suspend is false: the gang starts again from the newest committed step"
+        self.set(C.SUSPENDED, False, Reason.RESUMED, message)
+        self._event(NORMAL, Reason.RESUMED, message)
+
     def failed(self, reason: str, message: str) -> None:
         st = self.status
         st.phase = "Failed"
@@ -388,11 +418,13 @@ class StatusBuilder:
         """status.reason/message: why the job is in its phase, from the condition that explains it."""
         st = self.status
         order = {
-            "Failed": (C.FAILED,), "Succeeded": (C.SUCCEEDED,),
-            "Running": (C.STORE_REACHABLE, C.PROGRESSING, C.RECOVERING, C.READY),
+            "Failed": (C.FAILED,), "Succeeded": (C.SUCCEEDED,), "Suspended": (C.SUSPENDED,),
+            "Running": (C.SUSPENDED, C.STORE_REACHABLE, C.PROGRESSING, C.RECOVERING, C.READY),
         }.get(st.phase, (C.CONFIG_VALID, C.PODS_CREATED, C.SCHEDULABLE, C.STORE_REACHABLE,
                          C.RECOVERING, C.READY))
         wanted = {C.FAILED: "True", C.SUCCEEDED: "True", C.RECOVERING: "True"}
+        if st.phase == "Suspended":
+            wanted[C.SUSPENDED] = "True"
         for type_ in order:
             cond = st.condition(type_)
             if cond is not None and cond.status == wanted.get(type_, "False"):

@@ -11,8 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Phase = Literal["Pending", "Starting", "Running", "Recovering", "Succeeded", "Failed"]
-PHASES: tuple[Phase, ...] = ("Pending", "Starting", "Running", "Recovering", "Succeeded", "Failed")
+Phase = Literal["Pending", "Starting", "Running", "Recovering", "Suspended", "Succeeded", "Failed"]
+PHASES: tuple[Phase, ...] = ("Pending", "Starting", "Running", "Recovering", "Suspended", "Succeeded", "Failed")
 
 
 class ConditionType:
@@ -23,6 +23,7 @@ class ConditionType:
     CONFIG_VALID = "ConfigValid"  # references resolve (Secret, pools)
     STORE_REACHABLE = "CheckpointStoreReachable"  # the operator can read the checkpoint store
     PODS_CREATED = "PodsCreated"  # the API server accepted every pod of the current attempt
+    SUSPENDED = "Suspended"  # spec.suspend: the gang is stopped (or stopping) and the job kept
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
 
@@ -73,6 +74,9 @@ class Reason:
     CHECKPOINT_REQUESTED = "CheckpointRequested"  # a planned change asked the gang for a checkpoint
     CHECKPOINT_SERVED = "CheckpointServed"  # ... and the trainer committed it
     CHECKPOINT_TIMED_OUT = "CheckpointRequestTimedOut"  # ... not in time: the last commit is used
+    SUSPENDING = "Suspending"  # spec.suspend: waiting for the running gang's checkpoint
+    SUSPENDED = "Suspended"  # spec.suspend: no pod runs
+    RESUMED = "Resumed"  # spec.suspend back to false: the gang starts again
 
 
 def now_iso() -> str:
@@ -260,7 +264,7 @@ class RecoveryStatus(_Model):
 class TrainingJobStatus(_Model):
     """Observed state, written by the operator once per reconcile pass."""
 
-    phase: Phase = Field("Pending", description="Pending, Starting, Running, Recovering, Succeeded or Failed.")
+    phase: Phase = Field("Pending", description="Pending, Starting, Running, Recovering, Suspended, Succeeded or Failed.")
     conditions: list[Condition] = Field(default_factory=list, description="Current conditions.")
     observed_generation: int | None = Field(
         None, alias="observedGeneration", description="metadata.generation last reconciled."

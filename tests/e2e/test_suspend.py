@@ -1,0 +1,65 @@
+"""End to end: `spec.suspend` stops a training gang with no lost step and resumes it.
+
+The real operator and trainer (gloo on CPU), the pod process harness standing in for the
+kubelet. The job commits no periodic checkpoint (intervalSteps beyond the run), so every step
+that survives the suspension does so through the checkpoint the operator asks for before it
+stops the gang (and the trainers' own save on SIGTERM). Losses are held to the single-process
+reference at every step.
+"""
+
+from __future__ import annotations
+
+import json
+
+from topotrain_trainer.config import TrainingConfig
+
+from testbed.harness_stack import Stack, step_losses
+from testbed.procs import wait_until
+from tests.e2e.jobs import JOB_TIMEOUT, TRAINING, assert_losses_match, attempts, last_step, of_kind, phase_is
+from tests.trainer.reference import reference_run
+
+STEPS = 200  # long enough that the suspension lands mid-training (about five steps a second)
+
+
+def _suspend(stack: Stack, name: str, on: bool) -> None:
+    stack.kubectl("-n", stack.namespace, "patch", f"trainingjobs.topotrain.io/{name}", "--type=merge",
+                  "-p", json.dumps({"spec": {"suspend": on}}))  # fmt: skip
+
+
+def test_suspend_stops_the_gang_after_its_checkpoint_and_resume_loses_no_step(stack: Stack) -> None:
+    name = "pause"
+    training = {**TRAINING, "steps": STEPS}
+    stack.apply_job(name, {
+        "parallelism": {"tensor": 1, "pipeline": 1, "data": 2},
+        "worker": {"gpusPerPod": 1, "gpuTypes": ["H100-80GB"]},
+        "checkpoint": {"intervalSteps": 10 * STEPS, "keep": 3},
+        "failurePolicy": {"backoffSeconds": 0, "maxRestarts": 0},
+        "training": training,
+    })  # fmt: skip
+    wait_until(lambda: last_step(attempts(stack, name).get(0, [])) >= 1, timeout=JOB_TIMEOUT,
+               what="attempt 0 training")  # fmt: skip
+    trained = last_step(attempts(stack, name)[0])
+    _suspend(stack, name, True)
+    job = stack.wait_job(name, phase_is("Suspended"), timeout=JOB_TIMEOUT, what="Suspended")
+    status = job["status"]
+    request = status["checkpointRequest"]
+    assert request["state"] == "Committed" and request["attempt"] == 0, request
+    assert request["step"] >= trained, f"asked at step {trained}, saved {request['step']}"
+    assert status["restarts"] == 0 and int(status["attempt"]) == 1
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Suspended"] == "True"
+    wait_until(lambda: not stack.pods(name), timeout=JOB_TIMEOUT, what="every pod of the job gone")
+    stopped = of_kind(attempts(stack, name)[0], "stopped")
+    assert stopped and stopped[-1]["committed"] is True, "the trainers save again on SIGTERM"
+    before = last_step(attempts(stack, name)[0])
+    assert before < STEPS, "the job ended before the suspension: lengthen it"
+
+    _suspend(stack, name, False)
+    job = stack.wait_job(name, phase_is("Succeeded"), timeout=JOB_TIMEOUT, what="Succeeded")
+    assert job["status"]["restarts"] == 0
+    restored = of_kind(attempts(stack, name)[1], "restored")
+    # zero lost steps, and none trained twice: the resume starts where the stopped gang ended
+    assert [int(r["step"]) for r in restored] == [before], restored
+    everything = [e for a in sorted(attempts(stack, name)) for e in attempts(stack, name)[a]]
+    assert sorted(step_losses(everything)) == list(range(1, STEPS + 1))
+    reference, _ = reference_run(TrainingConfig.from_mapping(training))
+    assert_losses_match(everything, {i + 1: loss for i, loss in enumerate(reference)})
