@@ -15,7 +15,15 @@ from topotrain_trainer.config import TrainingConfig
 
 from testbed.harness_stack import Stack, step_losses
 from testbed.procs import wait_until
-from tests.e2e.jobs import JOB_TIMEOUT, TRAINING, assert_losses_match, attempts, last_step, of_kind, phase_is
+from tests.e2e.jobs import (
+    JOB_TIMEOUT,
+    TRAINING,
+    assert_losses_match,
+    attempts,
+    last_step,
+    of_kind,
+    phase_is,
+)
 from tests.trainer.reference import reference_run
 
 STEPS = 200  # long enough that the suspension lands mid-training (about five steps a second)
