@@ -169,7 +169,15 @@ def trainer_processes(pod_pid: int) -> list[int]:
         if len(below) != 1:
             return []
         supervisor = below[0]
-    return _children(supervisor)
+    # a supervisor's warm spares (training.warmSpares) are not ranks until they take an attempt
+    return [pid for pid in _children(supervisor) if _comm(pid) != "topotrain-spare"]
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def signal_trainer(pod_pid: int, sig: signal.Signals = signal.SIGKILL) -> list[int]:

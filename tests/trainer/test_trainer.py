@@ -35,7 +35,10 @@ from topotrain_trainer.config import EXIT_BAD_CONFIG, TrainingConfig
 from topotrain_trainer.control import EXIT_STOPPED
 from topotrain_trainer.supervisor import SPARE_DELAY_ENV
 
-from .harness import REPO_ROOT, TrainerRun, trainer_env
+from testbed import faults
+from testbed.procs import wait_until
+
+from .harness import REPO_ROOT, TrainerRun, descendants, trainer_env
 from .reference import reference_run
 
 if TYPE_CHECKING:
@@ -318,6 +321,9 @@ def test_warm_spares_run_the_next_attempt_in_place_from_its_checkpoint(
     env[SPARE_DELAY_ENV] = "0"
     run = TrainerRun(env)
     assert run.wait_for("spares_started")["spares"] == 2
+    # the spares name themselves, so a fault injector signalling "the ranks" leaves them be
+    wait_until(lambda: len(descendants(run.proc.pid)) == 4 and len(faults.trainer_processes(run.proc.pid)) == 2,
+               timeout=120, what="two ranks and two waiting spares")  # fmt: skip
     run.wait_for("checkpoint_committed", step=INTERVAL)
     staged = control / ".annotations.new"
     staged.write_text(format_control({ATTEMPT_ANNOTATION: "1", RESUME_STEP_ANNOTATION: str(INTERVAL)}))

@@ -62,6 +62,7 @@ SETTLE_SECONDS = 5.0  # after a first worker failure, how long the others get to
 PEER_WAIT_SECONDS = 600.0
 PEER_WAIT_ENV = "TOPOTRAIN_PEER_WAIT_SECONDS"
 SPARE_ENV = "TOPOTRAIN_WARM_SPARE"  # "1": the process is a warm spare (await_activation)
+SPARE_COMM = "topotrain-spare"  # a waiting spare's process name (/proc/PID/comm)
 SPARE_DELAY_SECONDS = 30.0  # after a group starts: its own start (imports, rendezvous) goes first
 SPARE_DELAY_ENV = "TOPOTRAIN_WARM_SPARE_DELAY_SECONDS"
 
