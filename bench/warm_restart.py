@@ -54,7 +54,7 @@ def one(s3: S3Server, ranks: int, warm: bool, workdir: Path) -> dict[str, float]
         "progress_every": 1, "metrics_port": 0, "staging_dir": str(workdir), "warm_spares": warm,
     }  # fmt: skip
     env = trainer_env(data=ranks, training=training, s3_env=s3.env(),
-                      checkpoint_uri=f"s3://{bucket}/warm", interval=INTERVAL)  # fmt: skip
+                      checkpoint_uri=f"s3://{bucket}/warm", interval=INTERVAL, keep=100_000)  # fmt: skip
     env[CONTROL_DIR_ENV] = str(control)
     env[SPARE_DELAY_ENV] = "0"
     run = TrainerRun(env)
