@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
+from topotrain_trainer.supervisor import SPARE_COMM
 
 from testbed.kube import api_client, core_v1
 
@@ -170,7 +171,7 @@ def trainer_processes(pod_pid: int) -> list[int]:
             return []
         supervisor = below[0]
     # a supervisor's warm spares (training.warmSpares) are not ranks until they take an attempt
-    return [pid for pid in _children(supervisor) if _comm(pid) != "topotrain-spare"]
+    return [pid for pid in _children(supervisor) if _comm(pid) != SPARE_COMM]
 
 
 def _comm(pid: int) -> str:
