@@ -419,12 +419,16 @@ class StatusBuilder:
         st = self.status
         order = {
             "Failed": (C.FAILED,), "Succeeded": (C.SUCCEEDED,), "Suspended": (C.SUSPENDED,),
-            "Running": (C.SUSPENDED, C.STORE_REACHABLE, C.PROGRESSING, C.RECOVERING, C.READY),
+            "Running": (C.STORE_REACHABLE, C.PROGRESSING, C.RECOVERING, C.READY),
         }.get(st.phase, (C.CONFIG_VALID, C.PODS_CREATED, C.SCHEDULABLE, C.STORE_REACHABLE,
                          C.RECOVERING, C.READY))
         wanted = {C.FAILED: "True", C.SUCCEEDED: "True", C.RECOVERING: "True"}
         if st.phase == "Suspended":
             wanted[C.SUSPENDED] = "True"
+        suspending = st.condition(C.SUSPENDED)
+        if st.phase == "Running" and suspending is not None and suspending.reason == Reason.SUSPENDING:
+            st.reason, st.message = suspending.reason, suspending.message  # saving before it stops
+            return
         for type_ in order:
             cond = st.condition(type_)
             if cond is not None and cond.status == wanted.get(type_, "False"):

@@ -34,6 +34,7 @@ def test_suspend_checkpoints_the_running_gang_then_stops_it_and_resume_starts_fr
     assert value.startswith("suspend-0-") and d.checkpoint_request is not None
     assert not d.delete and d.launch is None and d.status.phase == "Running"
     assert _cond(d, C.SUSPENDED) == ("False", Reason.SUSPENDING)
+    assert d.status.reason == Reason.SUSPENDING
     # 2. Committed: every pod deleted, the attempt moves on, the job is Suspended.
     d, obs = run(obs, pods=asked(pods, value), now=at(14), checkpoint=served(value, 237))
     assert sorted(d.delete) == sorted(p.name for p in pods) and d.launch is None
@@ -59,6 +60,7 @@ def test_suspend_checkpoints_the_running_gang_then_stops_it_and_resume_starts_fr
     # 5. Its pods Running: the job is Running again.
     d, _ = run(obs, pods=gang(1), now=at(105), checkpoint=newest)
     assert d.status.phase == "Running"
+    assert d.status.reason != Reason.RESUMED, "a Running job says why it runs, not that it resumed"
 
 
 def test_suspend_falls_back_to_the_last_commit_when_the_checkpoint_never_comes() -> None:
