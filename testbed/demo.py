@@ -91,7 +91,7 @@ class Demo:
         self.custom = client.CustomObjectsApi(self.api)
         self.operator: subprocess.Popen[bytes] | None = None
         self.harness: PodProcessHarness | None = None
-        self.printed = 0
+        self.printed: dict[Path, int] = {}  # JSON lines shown so far, per pod log
 
     def kubectl(self, *args: str) -> str:
         done = subprocess.run([str(bin_dir() / "kubectl"), *args], env=self.env, check=True,
@@ -141,12 +141,14 @@ class Demo:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.harness is not None
-            lines = list(json_lines(self.harness.job_logs(NAMESPACE, "elastic")))
-            for line in lines[self.printed:]:
-                self.printed += 1
-                _print_event(line)
-                if until(line):
-                    return line
+            # per log: a line added to one pod's log must not shift what was shown of the others
+            for path in self.harness.job_logs(NAMESPACE, "elastic"):
+                lines = list(json_lines([path]))
+                for line in lines[self.printed.get(path, 0):]:
+                    self.printed[path] = self.printed.get(path, 0) + 1
+                    _print_event(line)
+                    if until(line):
+                        return line
             time.sleep(0.5)
         raise SystemExit(f"demo: the trainer logged nothing expected for {timeout:.0f}s")
 
