@@ -1,13 +1,16 @@
 """One mode of the goodput benchmark: a TrainingJob on its own KWOK node
 pool, failures injected at a fixed step rate, every recovery timed by phase.
 
-Nodes fail through KWOK's NotReady stage (testbed.faults); the pod process
-harness then kills the trainer processes on that node, as the machine's
-death would, and the operator finds out the way it would on a cluster.
+Two failure classes (`FAILURES`): `node`, a node fails through KWOK's NotReady
+stage (testbed.faults) and the pod process harness then kills the trainer
+processes on that node, as the machine's death would; `crash`, the trainer
+rank of one pod is SIGKILLed (its pod and node stay). Either way the operator
+finds out the way it would on a cluster.
 """
 
 from __future__ import annotations
 
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +18,7 @@ from typing import Any
 from testbed import faults
 from testbed.harness_proc import json_lines
 from testbed.harness_stack import Stack
+from testbed.restart_probes import pod_pid
 
 POLL = 0.25
 
@@ -25,21 +29,26 @@ class Mode:
     label: str
     sync_checkpoint: bool
     recovery: str  # the operator's recovery strategy
+    warm_spares: bool = False  # training.warmSpares
+    baseline: bool = False  # what topotrain's defaults must beat
 
 
 MODES = (
     Mode("topotrain", "topotrain: async ckpt + incremental", False, "incremental"),
-    Mode("sync", "synchronous checkpoints", True, "incremental"),
-    Mode("full", "full-gang restart", False, "recreate"),
+    Mode("spares", "topotrain + warm spares", False, "incremental", warm_spares=True),
+    Mode("sync", "synchronous checkpoints", True, "incremental", baseline=True),
+    Mode("full", "full-gang restart", False, "recreate", baseline=True),
 )
+FAILURES = ("node", "crash")
 
 
 @dataclass
 class Failure:
-    """One injected node failure and when each phase of the recovery ended (wall clock)."""
+    """One injected failure and when each phase of the recovery ended (wall clock)."""
 
     attempt: int
     node: str
+    before: frozenset[str]  # UIDs of the job's pods when it struck (a kept pod keeps its UID)
     step: int  # the last step the failed attempt finished
     injected: float
     detected: float | None = None
@@ -110,6 +119,7 @@ def job_spec(mode: Mode, product: str, steps: int, interval: int) -> dict[str, A
         "training": {
             "model": "tiny", "steps": steps, "globalBatch": 8, "microBatch": 2,
             "progressEvery": 1, "metricsPort": 0, "syncCheckpoint": mode.sync_checkpoint,
+            "warmSpares": mode.warm_spares,
         },
     }  # fmt: skip
 
@@ -124,12 +134,14 @@ def events_by_attempt(stack: Stack, job: str) -> dict[int, list[dict[str, Any]]]
 
 
 class Runner:
-    """Drives one job: injects a node failure every `fail_every` steps and times the recoveries."""
+    """Drives one job: injects a failure of class `failure` (FAILURES) every `fail_every` steps
+    and times the recoveries."""
 
     def __init__(
-        self, stack: Stack, mode: Mode, steps: int, fail_every: int, interval: int, product: str
+        self, stack: Stack, mode: Mode, steps: int, fail_every: int, interval: int, product: str,
+        failure: str = "node",
     ) -> None:
-        self.stack, self.mode, self.steps = stack, mode, steps
+        self.stack, self.mode, self.steps, self.failure = stack, mode, steps, failure
         self.fail_every, self.interval, self.product = fail_every, interval, product
         self.job = f"goodput-{mode.key}"
         self.result = ModeResult(mode)
@@ -174,8 +186,12 @@ class Runner:
             for p in pods
             if p["metadata"]["labels"].get("topotrain.io/index") == "1"
         )
-        faults.node_not_ready(self.stack.kubeconfig, node)
-        self.result.failures.append(Failure(attempt, node, step, time.time()))
+        before = frozenset(p["metadata"]["uid"] for p in self.stack.pods(self.job))
+        if self.failure == "crash":
+            faults.signal_trainer(pod_pid(self.stack, self.job, 1), signal.SIGKILL)
+        else:
+            faults.node_not_ready(self.stack.kubeconfig, node)
+        self.result.failures.append(Failure(attempt, node, before, step, time.time()))
 
     def _track(
         self, f: Failure, status: dict[str, Any], events: dict[int, list[dict[str, Any]]]
@@ -203,8 +219,11 @@ class Runner:
             for launch in self.stack.harness.launches
             if launch.job == self.job and launch.attempt == str(nxt)
         ]
-        if len(launches) >= len(pods) > 0:
-            f.launched = max(launches)
+        # Pods of the next attempt made for it (an in-place restart keeps the others, whose
+        # processes its supervisors restart: they are "launched" once Running on that attempt).
+        made = [p for p in pods if p["metadata"]["uid"] not in f.before]
+        if pods and len(launches) >= len(made):
+            f.launched = max(launches, default=f.running or now)
         restored = [e for e in events.get(nxt, []) if e.get("event") == "restored"]
         if restored and f.launched is not None:
             f.restored = float(restored[0]["time"])
@@ -217,7 +236,8 @@ class Runner:
             ]
             f.lost_seconds = sum(float(e["step_seconds"]) for e in lost)
             f.step = max([f.step, *(int(e["step"]) for e in lost)])
-            faults.node_ready(self.stack.kubeconfig, f.node)  # capacity returns as a spare
+            if self.failure == "node":
+                faults.node_ready(self.stack.kubeconfig, f.node)  # capacity returns as a spare
 
     def _finish(self, created: float) -> None:
         events = events_by_attempt(self.stack, self.job)

@@ -9,12 +9,16 @@ new pods only for the failed indices, on the same nodes.
 It applies when the failure is a trainer process (a pod Failed with a
 retryable exit code, a hang) or one pod deleted, the rest of the gang is
 Running on nodes that are Ready, not cordoned and not avoided, and the failed
-pod's node is too. Everything else recreates the gang as before: `failurePolicy.
-restartInPlace: false`, the recreate strategy, a lost or NotReady node, an
-eviction or preemption, more than one pod to replace, a pod of the gang not
-Running, a checkpoint store that cannot be read, and a second failure before
-an in-place attempt trained its first step (its supervisors may not be able to
-restart: a recreate starts clean).
+pod's node is too. It also applies when a node that held exactly one pod of the
+gang is lost (deleted or NotReady): that pod is replaced on the node the
+incremental re-plan chose for it (`relocated`, the planner's choice, as for a
+recreate), and the rest of the gang is kept. Everything else recreates the gang
+as before: `failurePolicy.restartInPlace: false`, the recreate strategy, a lost
+node holding more than one pod of the gang (or a re-plan that would move a
+healthy pod), an eviction or preemption, more than one pod to replace, a pod of
+the gang not Running, a checkpoint store that cannot be read, and a second
+failure before an in-place attempt trained its first step (its supervisors may
+not be able to restart: a recreate starts clean).
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from topotrain.policy import Failure, NodeView, PodView
 from topotrain.status import Reason, TrainingJobStatus
 
 IN_PLACE = "inPlace"
-REASONS = frozenset({Reason.POD_FAILED, Reason.PROGRESS_STALLED, Reason.POD_DELETED})
+REASONS = frozenset({Reason.POD_FAILED, Reason.PROGRESS_STALLED, Reason.POD_DELETED,
+                     Reason.NODE_LOST, Reason.NODE_NOT_READY})
 
 
 @dataclass(frozen=True)
@@ -54,14 +59,20 @@ def _untrained(status: TrainingJobStatus, attempt: int) -> bool:
 def plan(
     failure: Failure, current: Iterable[PodView], expected: int, nodes: Mapping[str, NodeView],
     avoided: frozenset[str], status: TrainingJobStatus, attempt: int,
-    table: Mapping[int, str] | None,
+    table: Mapping[int, str] | None, relocated: Mapping[int, str] | None = None,
 ) -> InPlacePlan | None:
     """The in-place restart for `failure` of `attempt`, or None when the gang must be recreated.
 
     `table` is the attempt's placement (pod index -> node), for an index whose pod vanished.
+    `relocated`: when nodes were lost, the indices the incremental re-plan moves and where to
+    (None: no such plan, so a lost node recreates the gang).
     """
-    if failure.reason not in REASONS or failure.lost_nodes or _untrained(status, attempt):
+    if failure.reason not in REASONS or _untrained(status, attempt):
         return None
+    lost = failure.lost_nodes
+    if lost and relocated is None:
+        return None
+    moves = dict(relocated or {})
     pods = list(current)
 
     def healthy(node: str) -> bool:
@@ -70,13 +81,16 @@ def plan(
         return (bool(node) and node in nodes and nodes[node].ready and not nodes[node].cordoned
                 and node not in avoided)
 
-    bad = [p for p in pods if p.phase == "Failed" or p.terminating]
+    bad = [p for p in pods if p.phase == "Failed" or p.terminating or (p.where and p.where in lost)]
     kept = [p for p in pods if p not in bad]
     replaced = {p.index: p.where for p in bad}
     indices = {p.index for p in pods}
     for index in range(expected):
         if index not in indices:
             replaced[index] = (table or {}).get(index, "")
+    if not set(moves) <= set(replaced):
+        return None  # the re-plan moves a healthy pod too: the gang is recreated
+    replaced.update({i: moves.get(i, "") for i, node in replaced.items() if node in lost})
     if len(replaced) > 1 or len(kept) + len(replaced) != expected:
         return None
     if len({p.index for p in kept}) != len(kept) or set(replaced) & {p.index for p in kept}:

@@ -544,9 +544,13 @@ def _on_failure(
     used = policy.used_budgets(sb.status.restarts, sb.status.restarts_by_class)
     verdict = policy.decide(failure, used, obs.spec.failure_policy)
     sb.record_failure(failure, obs.spec.failure_policy)
-    keep = _in_place_plan(obs, sb, attempt, current, failure) if verdict.action == "restart" else None
+    keep, moved = (_in_place_plan(obs, sb, attempt, current, failure) if verdict.action == "restart"
+                   else (None, None))  # fmt: skip
     if keep is not None:
         decision.restart_reason = failure.reason
+        if moved is not None:  # a lost node's pod moves: the placement changes
+            sb.placement(moved)
+            decision.placement_cost = moved.cost
         _restart_in_place(obs, sb, decision, attempt, verdict, failure, keep)
         return
     decision.relabel = None  # a kept pod failed again: the gang is recreated
@@ -637,17 +641,41 @@ def _maybe_resize(
 def _in_place_plan(
     obs: Observed, sb: StatusBuilder, attempt: int, current: list[policy.PodView],
     failure: policy.Failure,
-) -> inplace.InPlacePlan | None:
+) -> tuple[inplace.InPlacePlan | None, PlanOutcome | None]:
+    """The in-place restart for `failure`, if any, and the re-plan that moves a lost node's pod
+    (None when no pod changes node)."""
     ckpt = obs.checkpoint
     if (not obs.spec.failure_policy.restart_in_place or obs.strategy != "incremental"
             or (ckpt is not None and not ckpt.reachable) or obs.config_problem is not None):
-        return None
+        return None, None
     data = sb.status.parallelism.data if sb.status.parallelism else obs.spec.parallelism.data
     expected = elastic.pods_for(obs.spec.parallelism, data, obs.spec.worker.gpus_per_pod)
     table = obs.rank_table
     placed = dict(table.assignments) if table is not None and table.attempt == attempt else None
-    return inplace.plan(failure, current, expected, obs.nodes,
-                        policy.avoided_nodes(sb.status.node_failures), sb.status, attempt, placed)
+    outcome = _relocated(obs, sb, current, placed, data) if failure.lost_nodes else None
+    previous = {**(placed or {}), **{p.index: p.where for p in current if p.where}}
+    relocated = None if outcome is None else {
+        i: n for i, n in outcome.assignments.items() if previous.get(i) != n}
+    keep = inplace.plan(failure, current, expected, obs.nodes,
+                        policy.avoided_nodes(sb.status.node_failures), sb.status, attempt, placed,
+                        relocated)  # fmt: skip
+    return keep, outcome
+
+
+def _relocated(
+    obs: Observed, sb: StatusBuilder, current: list[policy.PodView],
+    placed: Mapping[int, str] | None, data: int,
+) -> PlanOutcome | None:
+    """A lost node's pods: the incremental re-plan (the same one a recreate would use) at the
+    running degree, or None when it re-places more (mode "full", a shrink)."""
+    previous = {**(placed or {}), **{p.index: p.where for p in current if p.where}}
+    if not previous:
+        return None
+    low, _ = elastic.bounds(obs.spec.parallelism)
+    outcome = obs.planner.replan(previous, _lost_nodes(obs, sb, previous), low, data)
+    if not outcome.feasible or outcome.mode != "incremental" or outcome.data != data:
+        return None
+    return outcome if set(outcome.assignments) == set(previous) else None
 
 
 def _restart_in_place(

@@ -164,6 +164,20 @@ class StatusBuilder:
         if reason in (Reason.UNKNOWN_GPU_TYPE, DEGREE_NOT_ALLOWED):
             self.config_invalid(reason, message)  # no capacity change can fix it: the spec must
 
+    def placement(self, outcome: PlanOutcome) -> str:
+        """Record where the gang runs now (status.placement, the Schedulable condition); the
+        summary line."""
+        summary = (
+            f"{len(outcome.assignments)} pods on {outcome.nodes} nodes, {outcome.racks} racks, "
+            f"{outcome.blocks} blocks; pool {outcome.pool}; data={outcome.data}"
+        )
+        self.status.placement = PlacementSummary(
+            nodes=outcome.nodes, racks=outcome.racks, blocks=outcome.blocks, cost=outcome.cost,
+            mode=outcome.mode, message=summary,
+        )
+        self.set(C.SCHEDULABLE, True, Reason.PLACED, summary)
+        return summary
+
     def placed(
         self, outcome: PlanOutcome, par: Parallelism, previous_data: int, resume: int | None
     ) -> None:
@@ -171,15 +185,7 @@ class StatusBuilder:
         first = st.start_time is None
         st.parallelism = CurrentParallelism(tensor=par.tensor, pipeline=par.pipeline, data=outcome.data)
         st.pool = outcome.pool
-        summary = (
-            f"{len(outcome.assignments)} pods on {outcome.nodes} nodes, {outcome.racks} racks, "
-            f"{outcome.blocks} blocks; pool {outcome.pool}; data={outcome.data}"
-        )
-        st.placement = PlacementSummary(
-            nodes=outcome.nodes, racks=outcome.racks, blocks=outcome.blocks, cost=outcome.cost,
-            mode=outcome.mode, message=summary,
-        )
-        self.set(C.SCHEDULABLE, True, Reason.PLACED, summary)
+        summary = self.placement(outcome)
         st.attempt_start_time = iso(self.now)
         if first:
             st.start_time = iso(self.now)

@@ -11,7 +11,7 @@ from topotrain.policy import NodeView, PodView
 from topotrain.reconcile import Decision, Observed
 from topotrain.status import Reason
 
-from tests.unit.test_reconcile import T0, gang, observed, run, spec
+from tests.unit.test_reconcile import T0, FakePlanner, gang, observed, run, spec
 
 
 def addr(pod: str) -> str:
@@ -137,9 +137,15 @@ def test_fallbacks_recreate_the_gang() -> None:
     two = list(crash(1))
     two[2] = replace(two[2], phase="Failed", exit_code=1)
     assert _recreates(run(obs, pods=tuple(two), now=later)[0])
-    # a node NotReady
+    # a NotReady node with nowhere to move its pod (no spare left to the incremental re-plan)
     nodes = {**obs.nodes, "n1": NodeView("n1", ready=False)}
-    assert _recreates(run(obs, nodes=nodes, now=later)[0])
+    assert isinstance(obs.planner, FakePlanner)
+    assert _recreates(run(replace(obs, planner=FakePlanner(spare=[])), nodes=nodes, now=later)[0])
+    # a lost node holding two pods of the gang
+    two_on_n1 = gang(0, nodes={0: "n0", 1: "n1", 2: "n1", 3: "n3"})
+    obs_two = running_inplace()
+    _, obs_two = run(obs_two, pods=two_on_n1)
+    assert _recreates(run(obs_two, pods=two_on_n1, nodes=nodes, now=later)[0])
     # a pod evicted by a drain: its node is cordoned, so no replacement is pinned there
     drained = list(gang(0))
     drained[1] = replace(drained[1], terminating=True, phase="Failed", exit_code=75)  # saved, stopped
@@ -183,3 +189,40 @@ def test_backoff_delays_only_the_replacement_pod() -> None:
     assert d2.launch is None and d2.delete == [] and d2.status.restarts == 1  # no new failure
     d3, _ = run(after, pods=(*crash(1)[1:2], *moved), now=T0 + timedelta(seconds=16))
     assert d3.launch is not None and d3.launch.only == (1,) and d3.launch.in_place
+
+
+def test_a_lost_node_with_one_pod_keeps_the_rest_and_replaces_it_where_the_replan_says() -> None:
+    """A node holding one pod of the gang goes NotReady (or is deleted): the other pods are kept
+    and moved to the next attempt; only the lost index gets a new pod, on the node the
+    incremental re-plan chose (the fake planner's spare0), and the lost pod is deleted."""
+    later = T0 + timedelta(seconds=5)
+    for lost in (NodeView("n1", ready=False), None):
+        obs = running_inplace()
+        nodes = {**obs.nodes, "n1": lost} if lost is not None else {
+            k: v for k, v in obs.nodes.items() if k != "n1"}
+        d, after = run(obs, nodes=nodes, now=later)
+        assert d.relabel is not None and sorted(d.relabel.pods) == ["job-0-0", "job-0-2", "job-0-3"]
+        assert d.launch is not None and d.launch.in_place and d.launch.only == (1,)
+        assert d.launch.assignments[1] == "spare0" and d.launch.attempt == 1
+        st = d.status
+        assert st.recovery is not None and st.recovery.mode == "inPlace"
+        assert st.recovery.replaced_indices == [1] and st.last_failure is not None
+        assert st.last_failure.reason in (Reason.NODE_NOT_READY, Reason.NODE_LOST)
+        assert st.restarts_by_class is not None and st.restarts_by_class.infrastructure == 1
+        assert st.placement is not None and st.placement.mode == "incremental"
+        # The next pass (labels not yet seen): the lost pod of attempt 0 is deleted, the kept
+        # ones are not, and the replacement is not created twice.
+        replacement = PodView("job-1-1", 1, 1, phase="Pending", planned_node="spare0", gated=True)
+        d2, _ = run(after, pods=(*gang(0), replacement), now=later + timedelta(seconds=1))
+        assert d2.delete == ["job-0-1"] and d2.launch is None
+        assert d2.relabel is not None and sorted(d2.relabel.pods) == ["job-0-0", "job-0-2", "job-0-3"]
+
+
+def test_a_lost_index_zero_gets_a_new_master_address() -> None:
+    """Pod 0's node is lost: the kept pods rendezvous at the replacement pod 0's address."""
+    obs = running_inplace()
+    nodes = {**obs.nodes, "n0": NodeView("n0", ready=False)}
+    d, _ = run(obs, nodes=nodes, now=T0 + timedelta(seconds=5))
+    assert d.launch is not None and d.launch.in_place and d.launch.only == (0,)
+    assert d.relabel is not None and d.relabel.master_addr == addr("job-1-0")
+    assert d.launch.master_addr == addr("job-1-0")
