@@ -697,6 +697,10 @@ def _restart_in_place(
     sb.set(C.RECOVERING, True, Reason.RESTARTED_IN_PLACE, f"{message}; {verdict.message}")
     sb.events.append(("Normal", Reason.RESTARTED_IN_PLACE, message))
     moved = [replace(p, attempt=nxt) for p in keep.kept]
+    # A pod on a lost node goes in the same pass (a crashed pod is kept for its logs): the kept
+    # pods are moved only after it, so two attempts never look Running together.
+    decision.delete += [p.name for p in obs.pods if p.attempt == attempt and p.where in failure.lost_nodes
+                        and not p.terminating and p.phase != "Failed"]  # fmt: skip
     _relabel(obs, sb, decision, nxt, [p.name for p in keep.kept], moved)
     if keep.replaced:
         _replace_in_place(obs, sb, decision, nxt, moved, dict(keep.replaced))

@@ -201,6 +201,7 @@ def test_a_lost_node_with_one_pod_keeps_the_rest_and_replaces_it_where_the_repla
         nodes = {**obs.nodes, "n1": lost} if lost is not None else {
             k: v for k, v in obs.nodes.items() if k != "n1"}
         d, after = run(obs, nodes=nodes, now=later)
+        assert d.delete == ["job-0-1"], "the lost node's pod goes in the same pass"
         assert d.relabel is not None and sorted(d.relabel.pods) == ["job-0-0", "job-0-2", "job-0-3"]
         assert d.launch is not None and d.launch.in_place and d.launch.only == (1,)
         assert d.launch.assignments[1] == "spare0" and d.launch.attempt == 1
