@@ -652,8 +652,8 @@ def _in_place_plan(
     expected = elastic.pods_for(obs.spec.parallelism, data, obs.spec.worker.gpus_per_pod)
     table = obs.rank_table
     placed = dict(table.assignments) if table is not None and table.attempt == attempt else None
-    outcome = _relocated(obs, sb, current, placed, data) if failure.lost_nodes else None
     previous = {**(placed or {}), **{p.index: p.where for p in current if p.where}}
+    outcome = _relocated(obs, sb, previous, data) if failure.lost_nodes else None
     relocated = None if outcome is None else {
         i: n for i, n in outcome.assignments.items() if previous.get(i) != n}
     keep = inplace.plan(failure, current, expected, obs.nodes,
@@ -663,12 +663,11 @@ def _in_place_plan(
 
 
 def _relocated(
-    obs: Observed, sb: StatusBuilder, current: list[policy.PodView],
-    placed: Mapping[int, str] | None, data: int,
+    obs: Observed, sb: StatusBuilder, previous: Mapping[int, str], data: int,
 ) -> PlanOutcome | None:
-    """A lost node's pods: the incremental re-plan (the same one a recreate would use) at the
-    running degree, or None when it re-places more (mode "full", a shrink)."""
-    previous = {**(placed or {}), **{p.index: p.where for p in current if p.where}}
+    """A lost node's pods: the incremental re-plan of `previous` (index -> node; the same re-plan
+    a recreate would use) at the running degree, or None when it re-places more (mode "full", a
+    shrink)."""
     if not previous:
         return None
     low, _ = elastic.bounds(obs.spec.parallelism)
