@@ -301,6 +301,7 @@ class JobLoop:
             config_problem=problem or snapshot.foreign_problem(self.key, self.uid, status.attempt),
             strategy=self.op.settings.recovery, last_refusal=self.last_refusal,
             template=template_hash(spec), move_off_cordoned=self.op.settings.move_off_cordoned,
+            checkpoint_request_timeout=self.op.settings.checkpoint_request_timeout,
         )
 
     def _took_over(self, status: TrainingJobStatus) -> None:

@@ -6,9 +6,10 @@ Now the reconciler first asks for a checkpoint: a new value of the pods'
 `topotrain.io/checkpoint-request` annotation (the trainer reads it through its
 downwardAPI control file, saves at the next step boundary and keeps training).
 Once the newest COMMITTED names that value, the change goes ahead and resumes
-from that step. The wait is bounded by CHECKPOINT_REQUEST_TIMEOUT: a trainer that
-does not serve requests, or a save that takes longer, falls back to the last
-commit, with a Warning Event.
+from that step. The wait is bounded by CHECKPOINT_REQUEST_TIMEOUT (the operator's
+TOPOTRAIN_CHECKPOINT_REQUEST_TIMEOUT): a trainer that does not serve requests, or a
+save that takes longer, falls back to the last commit, with a Warning Event; 0
+turns the request off.
 
 Pure: the request's state lives in `status.checkpointRequest`, the clock is the
 pass's `now`, and the annotation is (re)applied to every pod that lacks it, so an
@@ -60,10 +61,13 @@ def checkpoint_first(
 ) -> Wait:
     """Ask for a checkpoint of `attempt` (once), then report ready when it is committed.
 
-    Ready at once without a checkpoint store (nothing could be saved). Never ready while the
-    store is unreadable: a planned change waits rather than guess the resume step.
+    Ready at once without a checkpoint store (nothing could be saved), and with `timeout` 0
+    (checkpoint-on-demand turned off: the change resumes from the last commit, as before it
+    existed). Never ready while the store is unreadable: a planned change waits rather than
+    guess the resume step.
     """
-    if view is None:
+    if view is None or timeout <= 0:
+        cancel(sb)  # a request made before the operator's setting changed is not waited for
         return Wait(ready=True)
     req = sb.status.checkpoint_request
     if not pending(req) or req is None or req.attempt != attempt:

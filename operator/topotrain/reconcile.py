@@ -68,6 +68,8 @@ class Observed:
     # A cordoned node of the running gang moves the gang off it, checkpointing first (False: the
     # gang stays until an eviction, as any pod would).
     move_off_cordoned: bool = True
+    # Seconds a planned change waits for the checkpoint it asks for (0: it asks none).
+    checkpoint_request_timeout: float = planned.CHECKPOINT_REQUEST_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -367,7 +369,8 @@ def _suspend(
     step = None if obs.checkpoint is None else obs.checkpoint.step
     running = sb.status.phase == "Running" and bool(live) and all(p.phase == "Running" for p in live)
     if running:
-        wait = planned.checkpoint_first(sb, obs.checkpoint, current, attempt, "suspend", obs.now)
+        wait = planned.checkpoint_first(sb, obs.checkpoint, current, attempt, "suspend", obs.now,
+                                        obs.checkpoint_request_timeout)
         if not wait.ready:
             decision.checkpoint_request, decision.requeue_after = wait.ask, wait.requeue_after
             sb.suspending(attempt)
@@ -420,7 +423,8 @@ def _roll_for_spec_change(
         return False
     if obs.config_problem is not None:
         return False  # a spec that cannot run yet: keep the running gang
-    wait = planned.checkpoint_first(sb, obs.checkpoint, current, attempt, "rollout", obs.now)
+    wait = planned.checkpoint_first(sb, obs.checkpoint, current, attempt, "rollout", obs.now,
+                                    obs.checkpoint_request_timeout)
     if not wait.ready:
         decision.checkpoint_request, decision.requeue_after = wait.ask, wait.requeue_after
         return True
@@ -599,7 +603,8 @@ def _move_off_cordoned(
     outcome = obs.planner.plan(max(low, min(data, high)), high)
     if not outcome.feasible or set(cordoned) & set(outcome.assignments.values()):
         return False
-    wait = planned.checkpoint_first(sb, obs.checkpoint, current, attempt, "drain", obs.now)
+    wait = planned.checkpoint_first(sb, obs.checkpoint, current, attempt, "drain", obs.now,
+                                    obs.checkpoint_request_timeout)
     if not wait.ready:
         decision.checkpoint_request, decision.requeue_after = wait.ask, wait.requeue_after
         return True
@@ -626,7 +631,8 @@ def _maybe_resize(
     if not outcome.feasible or not request.worth_it(outcome.data):
         planned.cancel(sb)
         return
-    wait = planned.checkpoint_first(sb, obs.checkpoint, current, attempt, "resize", obs.now)
+    wait = planned.checkpoint_first(sb, obs.checkpoint, current, attempt, "resize", obs.now,
+                                    obs.checkpoint_request_timeout)
     if not wait.ready:
         decision.checkpoint_request, decision.requeue_after = wait.ask, wait.requeue_after
         return

@@ -45,6 +45,7 @@ class Settings:
     | pod_grace_seconds | TOPOTRAIN_POD_GRACE_SECONDS (deleting a gang) | 30 |
     | network_policy | TOPOTRAIN_NETWORK_POLICY (true: a NetworkPolicy per job) | false |
     | move_off_cordoned | TOPOTRAIN_MOVE_OFF_CORDONED (a cordoned node's gang moves, checkpointing first) | true |
+    | checkpoint_request_timeout | TOPOTRAIN_CHECKPOINT_REQUEST_TIMEOUT seconds a planned change waits for the checkpoint it asked for (0: asks none, resumes from the last commit) | 120 |
     | peering_priority | TOPOTRAIN_PEERING_PRIORITY (highest replica acts) | random per process |
     | peering_lifetime | TOPOTRAIN_PEERING_LIFETIME seconds (a killed acting replica's standby takes over within it) | 30 |
     """
@@ -66,6 +67,10 @@ class Settings:
     # A running gang with a pod on a cordoned node checkpoints and moves off it before the drain's
     # eviction (docs/operations.md, "Drains"); false leaves it until evicted.
     move_off_cordoned: bool = True
+    # A planned change (resize, drain move, rollout, suspend) first asks the running gang for a
+    # checkpoint of its current step and waits this long for its COMMITTED (planned.py); past it,
+    # or at 0 (checkpoint-on-demand off), the change resumes from the last commit.
+    checkpoint_request_timeout: float = 120.0
     # kopf pauses every replica that sees a peer of equal priority, so replicas
     # must differ: the highest one acts, the others wait to take over.
     peering_priority: int = field(default_factory=lambda: random.SystemRandom().randint(1, 1_000_000))
@@ -109,6 +114,8 @@ class Settings:
             pod_grace_seconds=int(_seconds(env, "TOPOTRAIN_POD_GRACE_SECONDS", base.pod_grace_seconds)),
             network_policy=_flag(env, "TOPOTRAIN_NETWORK_POLICY", base.network_policy),
             move_off_cordoned=_flag(env, "TOPOTRAIN_MOVE_OFF_CORDONED", base.move_off_cordoned),
+            checkpoint_request_timeout=_seconds(env, "TOPOTRAIN_CHECKPOINT_REQUEST_TIMEOUT",
+                                                base.checkpoint_request_timeout),
             peering_priority=_integer(env, "TOPOTRAIN_PEERING_PRIORITY", base.peering_priority),
             peering_lifetime=_lifetime(env, base.peering_lifetime),
             verbose=env.get("TOPOTRAIN_VERBOSE", "").lower() in {"1", "true", "yes"},

@@ -33,7 +33,7 @@ NON_DEFAULT: dict[str, Any] = {
         {"namespace": "team-a", "names": ["s3-extra"]},
     ]},
     "image": {"digest": "sha256:" + "ab" * 32},
-    "operator": {"recovery": "recreate", "verbose": True},
+    "operator": {"recovery": "recreate", "verbose": True, "checkpointRequestTimeoutSeconds": 0},
 }
 
 
@@ -216,6 +216,7 @@ def test_deployment_runs_the_pinned_image_under_restricted_pod_security(
     assert env["TOPOTRAIN_NAMESPACES"] == ""
     assert env["TOPOTRAIN_PEERING"] == "topotrain"
     assert env["TOPOTRAIN_LABEL_NVLINK"] == "nvidia.com/gpu.clique"
+    assert env["TOPOTRAIN_CHECKPOINT_REQUEST_TIMEOUT"] == "120"
     assert container["resources"]["limits"]["memory"]
 
 
@@ -230,6 +231,7 @@ def test_non_default_values_reach_the_pod(helm: Path, tmp_path: Path) -> None:
     assert env["TOPOTRAIN_NAMESPACES"] == "team-a,team-b"
     assert env["TOPOTRAIN_RECOVERY"] == "recreate"
     assert env["TOPOTRAIN_VERBOSE"] == "true"
+    assert env["TOPOTRAIN_CHECKPOINT_REQUEST_TIMEOUT"] == "0"  # checkpoint-on-demand off
     # Two replicas spread over hosts unless affinity is given.
     anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert anti[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"

@@ -129,6 +129,29 @@ def test_an_older_commit_naming_another_request_does_not_count() -> None:
     assert d.launch is None and not d.delete
 
 
+@pytest.mark.parametrize(("start", "new_data"), [(shrink, 1), (grow, 2)], ids=["scale-down", "grow"])
+def test_checkpoint_on_demand_off_resizes_at_once_from_the_last_commit(start: Any, new_data: int) -> None:
+    """TOPOTRAIN_CHECKPOINT_REQUEST_TIMEOUT=0: no request, the gang changes in the first pass and
+    resumes from the newest commit (what bench/planned.py compares against)."""
+    obs, pods = start()
+    d, _ = run(replace(obs, checkpoint_request_timeout=0.0), pods=pods, now=at(10))
+    assert d.checkpoint_request is None and d.status.checkpoint_request is None
+    assert Reason.CHECKPOINT_REQUESTED not in [e[1] for e in d.events]
+    assert sorted(d.delete) == sorted(p.name for p in pods)
+    assert d.launch is not None and d.launch.data == new_data and d.launch.resume_step == LAST.step
+
+
+def test_a_longer_request_timeout_is_waited_for() -> None:
+    obs, pods = shrink()
+    obs = replace(obs, checkpoint_request_timeout=3 * CHECKPOINT_REQUEST_TIMEOUT)
+    d, obs = run(obs, pods=pods, now=at(10))
+    value = request_of(d)
+    d, obs = run(obs, pods=asked(pods, value), now=at(10 + 2 * CHECKPOINT_REQUEST_TIMEOUT))
+    assert d.launch is None and d.status.checkpoint_request.state == "Pending"  # type: ignore[union-attr]
+    d, _ = run(obs, pods=asked(pods, value), now=at(10 + 3 * CHECKPOINT_REQUEST_TIMEOUT))
+    assert d.launch is not None and d.status.checkpoint_request.state == "TimedOut"  # type: ignore[union-attr]
+
+
 def test_timeout_falls_back_to_the_last_commit_with_an_event() -> None:
     obs, pods = shrink()
     d, obs = run(obs, pods=pods, now=at(10))

@@ -34,6 +34,9 @@ def test_defaults() -> None:
         ({"TOPOTRAIN_NETWORK_POLICY": "0"}, [], "network_policy", False),
         ({}, [], "move_off_cordoned", True),
         ({"TOPOTRAIN_MOVE_OFF_CORDONED": "false"}, [], "move_off_cordoned", False),
+        ({}, [], "checkpoint_request_timeout", 120.0),
+        ({"TOPOTRAIN_CHECKPOINT_REQUEST_TIMEOUT": "0"}, [], "checkpoint_request_timeout", 0.0),
+        ({"TOPOTRAIN_CHECKPOINT_REQUEST_TIMEOUT": "600"}, [], "checkpoint_request_timeout", 600.0),
     ],
 )
 def test_env_and_flags(env: dict[str, str], argv: list[str], field: str, value: object) -> None:
@@ -49,7 +52,8 @@ def test_label_overrides() -> None:
     "env",
     [{"TOPOTRAIN_METRICS_PORT": "http"}, {"TOPOTRAIN_HEALTH_PORT": "70000"},
      {"TOPOTRAIN_RECONCILE_INTERVAL": "-1"}, {"TOPOTRAIN_RECOVERY": "fast"},
-     {"TOPOTRAIN_NETWORK_POLICY": "on"}, {"TOPOTRAIN_MOVE_OFF_CORDONED": "sometimes"}],
+     {"TOPOTRAIN_NETWORK_POLICY": "on"}, {"TOPOTRAIN_MOVE_OFF_CORDONED": "sometimes"},
+     {"TOPOTRAIN_CHECKPOINT_REQUEST_TIMEOUT": "-5"}],
 )
 def test_bad_values_name_the_variable(env: dict[str, str]) -> None:
     with pytest.raises(SettingsError, match=next(iter(env))):
