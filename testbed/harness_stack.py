@@ -365,6 +365,17 @@ class Stack:
                 )
             time.sleep(0.5)
 
+    def disruption_budget(self, job: str, min_available: int) -> None:
+        """A PodDisruptionBudget named after the job over its pods, `minAvailable` as a pod count
+        (the disruption controller scales any other form by the job's data degree)."""
+        budget = self.workdir / f"pdb-{job}.yaml"
+        budget.write_text(
+            "apiVersion: policy/v1\nkind: PodDisruptionBudget\n"
+            f"metadata: {{name: {job}}}\n"
+            f"spec: {{minAvailable: {min_available}, selector: {{matchLabels: {{topotrain.io/job: {job}}}}}}}\n"
+        )
+        self.kubectl("-n", self.namespace, "apply", "-f", str(budget))
+
     def pods(self, job: str) -> list[dict[str, Any]]:
         raw = _retrying(lambda: self.core.list_namespaced_pod(
             self.namespace, label_selector=f"topotrain.io/job={job}", _preload_content=False

@@ -26,7 +26,7 @@ from topotrain import reconcile as rec
 from topotrain.api import TrainingJobSpec
 from topotrain.handlers_act import Actuator
 from topotrain.handlers_observe import Observer
-from topotrain.kube import Kube, merge_patch
+from topotrain.kube import Kube
 from topotrain.manifests import template_hash
 from topotrain.metrics import METRICS
 from topotrain.planning import PlacementPlanner, PlanOutcome
@@ -72,7 +72,10 @@ class Operator:
     ghosts: Ghosts = field(default_factory=Ghosts)
     plan_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     wakers: dict[JobKey, asyncio.Event] = field(default_factory=dict)
-    written: dict[JobKey, dict[str, Any]] = field(default_factory=dict)
+    # The status each job's loop last wrote, with the uid of the object it wrote it to: a job
+    # deleted and re-created under its name is another object, whose loop starts before the old
+    # one has stopped, and must never build on (or patch against) the old object's status.
+    written: dict[JobKey, tuple[str, dict[str, Any]]] = field(default_factory=dict)
     # What wakes a job besides its own pods' events (kept from each job's last pass): jobs that
     # could use GPUs freed anywhere, and the nodes each job's pods are on. A GPU pod ending or a
     # node changing wakes only the jobs it can affect, not every loop of a 200-job operator.
@@ -135,11 +138,20 @@ class Operator:
             self.wake(key)
         self.wake_for_capacity()
 
-    def forget(self, key: JobKey) -> None:
-        self.wakers.pop(key, None)
+    def forget(self, key: JobKey, event: asyncio.Event) -> None:
+        """A job's loop ended: drop what it kept, unless a newer loop (a namesake re-created
+        while this one was stopping) owns the name now."""
+        if self.wakers.get(key) is not event:
+            return
+        del self.wakers[key]
         self.written.pop(key, None)
         self.wants_capacity.discard(key)
         self.nodes_of.pop(key, None)
+
+    def last_written(self, key: JobKey, uid: str) -> dict[str, Any] | None:
+        """The status this object's loop last wrote (None: none, or it was a namesake's)."""
+        entry = self.written.get(key)
+        return entry[1] if entry is not None and entry[0] == uid else None
 
 
 class LazyPlanner:
@@ -174,13 +186,14 @@ class JobLoop:
 
     async def run(self, stopped: kopf.DaemonStopped, pods: kopf.Index[str, Any],
                   nodes: kopf.Index[str, Any]) -> None:
-        event = self.op.wakers.setdefault(self.key, asyncio.Event())
+        # Its own event, never a stopping namesake's (that loop's end must not take this one's).
+        event = self.op.wakers[self.key] = asyncio.Event()
         try:
             while not stopped:
                 event.clear()
                 try:
                     await self.op.resync_if_due(pods)
-                    requeue = await self.pass_once(pods, nodes)
+                    requeue = await self.pass_once(pods, nodes, stopped)
                 except Exception:  # one job's trouble never stops the others
                     log.exception("reconcile of %s/%s failed; retrying", *self.key)
                     requeue = self.op.settings.reconcile_interval
@@ -191,14 +204,17 @@ class JobLoop:
                     await asyncio.wait_for(event.wait(), timeout)
                 await asyncio.sleep(COALESCE_SECONDS)
         finally:
-            self.op.forget(self.key)
+            self.op.forget(self.key, event)
             METRICS.job_phase(*self.key, None)
 
-    async def pass_once(self, pods: kopf.Index[str, Any], nodes: kopf.Index[str, Any]) -> float | None:
+    async def pass_once(self, pods: kopf.Index[str, Any], nodes: kopf.Index[str, Any],
+                        stopped: kopf.DaemonStopped | None = None) -> float | None:
         started = time.perf_counter()
-        raw_status = dict(self.body.get("status") or {})
-        self.op.written.setdefault(self.key, raw_status)
-        status = TrainingJobStatus.model_validate(self.op.written[self.key])
+        raw_status = self.op.last_written(self.key, self.uid)
+        if raw_status is None:
+            raw_status = dict(self.body.get("status") or {})
+            self.op.written[self.key] = (self.uid, raw_status)
+        status = TrainingJobStatus.model_validate(raw_status)
         try:
             spec = TrainingJobSpec.model_validate(dict(self.body.get("spec") or {}))
         except ValidationError as exc:
@@ -226,6 +242,11 @@ class JobLoop:
             # A restart resumes from the newest commit: read the store again before deciding it.
             _, ckpt = await asyncio.to_thread(self.observer.checkpoint, self.key, spec, status, True)
         decided = time.perf_counter()
+        if stopped:
+            # The job was deleted while this pass decided: its namesake may exist already, and
+            # a status patch or pod by this name would land on the other object.
+            self.actuator.unreserve(self.key, decision)
+            return None
         try:
             # Intent first: the status (attempt, restarts, failure) is durable before any pod
             # changes, so an operator killed at any line resumes without losing or repeating it.
@@ -346,12 +367,18 @@ class JobLoop:
 
     async def _write_status(self, status: TrainingJobStatus) -> None:
         wire = status.to_wire()
-        old = self.op.written.get(self.key, {})
+        old = self.op.last_written(self.key, self.uid) or {}
         if wire == old:
             return
-        patch = merge_patch(old, wire)
-        await asyncio.to_thread(self.op.kube.patch_status, *self.key, patch)
-        self.op.written[self.key] = wire
+        try:
+            await asyncio.to_thread(self.op.kube.patch_status, *self.key, old, wire, self.uid or None)
+        except Exception:
+            # Refused (this object is gone, or the status is not what we last wrote): the next
+            # pass starts again from the object as the watch shows it.
+            if self.op.last_written(self.key, self.uid) is not None:
+                self.op.written.pop(self.key, None)
+            raise
+        self.op.written[self.key] = (self.uid, wire)
 
     def _observe_metrics(self, decision: rec.Decision, ckpt: CheckpointView | None) -> None:
         namespace, name = self.key

@@ -56,6 +56,27 @@ def merge_patch(old: Any, new: Any) -> Any:
     return patch
 
 
+def status_patch(old: Mapping[str, Any], new: Mapping[str, Any], uid: str | None) -> list[dict[str, Any]]:
+    """A JSON patch (RFC 6902) turning status `old` into `new`, only on the object `uid`.
+
+    The first op tests `metadata.uid`, so a patch meant for a deleted job never lands on a
+    namesake re-created meanwhile (a merge patch of the status subresource ignores a
+    metadata.uid that differs: measured on the testbed). Each top-level status field that
+    changed is set whole; a removed one is set to null, which the API server prunes (no CRD
+    field is nullable). With no status yet, the whole status is set.
+    """
+    ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": uid}] if uid else []
+    if not old:
+        return [*ops, {"op": "add", "path": "/status", "value": dict(new)}]
+    changed = merge_patch(old, new)
+    return [*ops, *({"op": "add", "path": f"/status/{_pointer(key)}", "value": new.get(key)}
+                    for key in sorted(changed))]
+
+
+def _pointer(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
 def api_message(exc: ApiException) -> str:
     """The API server's own words from an error response (its Status message), else the reason."""
     try:
@@ -110,10 +131,13 @@ class Kube:
             raise
         return job
 
-    def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+    def patch_status(self, namespace: str, name: str, old: Mapping[str, Any],
+                     new: Mapping[str, Any], uid: str | None = None) -> None:
+        """Write status `new` over `old` (what the object holds), on the object `uid` only: a
+        namesake re-created meanwhile fails the patch's test (422) and is left untouched."""
         self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, name, {"status": dict(patch)},
-            field_manager=FIELD_OWNER,
+            GROUP, VERSION, namespace, PLURAL, name, status_patch(old, new, uid),
+            field_manager=FIELD_OWNER, _content_type="application/json-patch+json",
         )
 
     # --- children ------------------------------------------------------------

@@ -115,14 +115,7 @@ def test_a_drain_held_by_a_disruption_budget_waits_for_the_operator_to_move_the_
     the 4 pods be evicted. docs/operations.md says so.)"""
     name = "moved"
     training, drained, trained = _training(stack, name)
-    pods = len(stack.pods(name))
-    budget = stack.workdir / "pdb.yaml"
-    budget.write_text(
-        "apiVersion: policy/v1\nkind: PodDisruptionBudget\n"
-        f"metadata: {{name: {name}}}\n"
-        f"spec: {{minAvailable: {pods}, selector: {{matchLabels: {{topotrain.io/job: {name}}}}}}}\n"
-    )
-    stack.kubectl("-n", stack.namespace, "apply", "-f", str(budget))
+    stack.disruption_budget(name, len(stack.pods(name)))
     uncordon.extend(drained)
     drain = stack.kubectl("drain", *drained, "--pod-selector", f"topotrain.io/job={name}",
                           "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=300s",

@@ -206,3 +206,31 @@ def test_recreated_job_resumes_its_namesakes_checkpoints_only_when_told_to(
         e for e in cluster.kube.core.list_namespaced_event(cluster.namespace).items
         if e.reason == "ResumedForeignCheckpoints" and e.involved_object.uid == new_uid])
     assert "from step 100" in events[0].message
+
+
+def test_a_status_write_meant_for_a_deleted_job_never_lands_on_its_namesake(cluster: Cluster) -> None:
+    """The loop of a deleted job can still be finishing a pass when a job of the same name is
+    created: its status write is made against the old object's uid and must be refused, leaving
+    the new job's status alone (a merge patch of the status subresource ignores metadata.uid,
+    so the operator writes a JSON patch that tests it)."""
+    from topotrain.kube import Kube as OperatorKube
+
+    manifest = cluster.manifest("twin", pipeline=1, data=1, suspend=True)  # nothing to place
+    cluster.apply(manifest)
+    old_uid = uid(cluster, "twin")
+    old_status = wait_for("the operator's first status", lambda: cluster.status("twin").get("phase") and cluster.status("twin"))
+    delete_and_wait(cluster, "twin")
+    cluster.apply(manifest)
+    new_uid = uid(cluster, "twin")
+    assert new_uid != old_uid
+    new_status = wait_for("the new job's status", lambda: cluster.status("twin").get("phase") and cluster.status("twin"))
+    operator = OperatorKube(cluster.kube.api)
+    with pytest.raises(ApiException) as refused:
+        operator.patch_status(cluster.namespace, "twin", old_status,
+                              {**old_status, "phase": "Failed", "reason": "StaleLoop"}, old_uid)
+    assert refused.value.status == 422
+    assert cluster.status("twin").get("reason") != "StaleLoop"
+    # The same write made for the object that holds the name now goes through.
+    current = cluster.status("twin")
+    operator.patch_status(cluster.namespace, "twin", current, {**current, "reason": "Ours"}, new_uid)
+    assert cluster.status("twin")["reason"] == "Ours" and new_status["phase"]

@@ -54,9 +54,30 @@ def test_freed_gpus_and_node_changes_wake_only_the_jobs_they_can_affect() -> Non
     op.note(waiting, False, frozenset({"n9"}))  # placed and Running at full size now
     op.wake_for_capacity()
     assert woken() == {growing}
-    op.forget(growing)
+    op.forget(growing, op.wakers[growing])
     op.wake_for_node("n3")
     assert woken() == set()
+
+
+def test_a_stopping_loop_leaves_the_state_of_its_re_created_namesake_alone() -> None:
+    """A job deleted and re-created under its name: the new object's loop starts while the old
+    one is still stopping. The old loop's end must not drop the new one's waker, capacity wish
+    or written status, and the new loop never builds on the old object's status (CI saw a
+    re-created job never start: the old loop's leftovers were taken for the new job's)."""
+    op = Operator(settings=Settings(), kube=None)  # type: ignore[arg-type]
+    key = ("ns", "llm")
+    old_event = op.wakers[key] = asyncio.Event()
+    op.written[key] = ("old-uid", {"phase": "Running", "startTime": "2026-12-03T10:49:13Z"})
+    assert op.last_written(key, "new-uid") is None, "a namesake's status is not this object's"
+    new_event = op.wakers[key] = asyncio.Event()  # the new object's loop starts
+    op.written[key] = ("new-uid", {"phase": "Pending"})
+    op.note(key, True, frozenset({"n1"}))
+    op.forget(key, old_event)  # then the old loop ends
+    assert op.wakers[key] is new_event and op.last_written(key, "new-uid") == {"phase": "Pending"}
+    op.wake_for_capacity()
+    assert new_event.is_set(), "the new job still wakes for capacity"
+    op.forget(key, new_event)
+    assert key not in op.wakers and key not in op.written and not op.wants_capacity
 
 
 def test_a_resync_that_finds_a_ghost_wakes_its_job_and_the_jobs_waiting_for_capacity() -> None:
