@@ -14,8 +14,11 @@
 #   5. pytest tests/kind against it
 #   6. the cluster deleted; the host's kernel settings compared with those
 #      before the run, and no container, network or volume of ours left
-# `--prepare` stops after step 2. Extra arguments go to pytest. Environment: KIND_CLUSTER (default topotrain),
-# KEEP_CLUSTER=1 keeps the cluster (and skips the after-run checks).
+# `--prepare` stops after step 2. `--up` stops after step 4, leaving the cluster up (deleted on
+# failure); `--test-up` then runs steps 5 and 6 on it (scripts/test.sh brings the cluster up in
+# the background while the other suites run). Extra arguments go to pytest. Environment:
+# KIND_CLUSTER (default topotrain), KEEP_CLUSTER=1 keeps the cluster (and skips the after-run
+# checks).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -37,10 +40,16 @@ s3_secret=topotrain-kind-secret
 jobs_namespace=topotrain-kind
 run_start=$SECONDS
 
-# --prepare: steps 1 and 2 only (scripts/test.sh runs them in the background, at low
-# priority, while the other suites run).
-prepare_only=0
-[ "${1:-}" = --prepare ] && { prepare_only=1; shift; }
+# --prepare: steps 1 and 2 only; --up: 1 to 4; --test-up: 5 and 6 on the cluster --up left.
+mode=all
+case "${1:-}" in
+  --prepare) mode=prepare; shift ;;
+  --up) mode=up; shift ;;
+  --test-up) mode=test-up; shift ;;
+esac
+# What the host looked like before the cluster existed, and what --up hands to --test-up; kept
+# beside the cluster's own state (scripts/kind/cluster.sh delete removes that).
+state="$kind_cache/runs/$KIND_CLUSTER"
 
 scripts/kind/engine.sh
 venv=$(scripts/bootstrap.sh trainer | tail -n 1)
@@ -49,17 +58,20 @@ kind_bin=$(timed "kind binaries" scripts/kind/build-bins.sh | tail -n 1)
 export PATH="$kind_wrap:$venv/bin:$kind_bin:$tb_bin:$PATH"
 export PYTHONPATH="$root/operator:$root/trainer_image:$root${PYTHONPATH:+:$PYTHONPATH}"
 
-timed "images" scripts/kind/images.sh
-log "smoke: the trainer image's --help and a three-step training in one process"
-# (the trainer has no --help of its own: its argparse entry point is `prepare`)
-docker run --rm "$trainer_image" prepare --help >/dev/null
-docker run --rm -e TOPOTRAIN_TRAINING_CONFIG='{"model":"tiny","steps":3,"globalBatch":2,"microBatch":1,"metricsPort":0}' \
-  "$trainer_image" 2>&1 | tail -n 2
-docker run --rm "$operator_image" --help >/dev/null
-if [ $prepare_only = 1 ]; then
+if [ $mode != test-up ]; then
+  timed "images" scripts/kind/images.sh
+  log "smoke: the trainer image's --help and a three-step training in one process"
+  # (the trainer has no --help of its own: its argparse entry point is `prepare`)
+  docker run --rm "$trainer_image" prepare --help >/dev/null
+  docker run --rm -e TOPOTRAIN_TRAINING_CONFIG='{"model":"tiny","steps":3,"globalBatch":2,"microBatch":1,"metricsPort":0}' \
+    "$trainer_image" 2>&1 | tail -n 2
+  docker run --rm "$operator_image" --help >/dev/null
+fi
+if [ $mode = prepare ]; then
   log "prepared in $((SECONDS - run_start))s"
   exit 0
 fi
+if [ $mode != test-up ]; then
 # The loaded trainer image alone takes about 9 GB in each worker's volume (docs/kind.md).
 need_gb=${KIND_MIN_FREE_GB:-30}
 docker_root=$(docker info -f '{{.DockerRootDir}}')
@@ -67,12 +79,11 @@ free_gb=$(( $(df -Pk "$docker_root" | awk 'NR==2 {print $4}') / 1048576 ))
 [ "$free_gb" -ge "$need_gb" ] \
   || die "only ${free_gb} GB free under $docker_root; a kind cluster with the trainer image on three workers needs about ${need_gb} GB (KIND_MIN_FREE_GB)"
 
-# What the host looked like before the cluster existed; kept beside the cluster's own state
-# (scripts/kind/cluster.sh delete removes that), for the checks after the run.
-state="$kind_cache/runs/$KIND_CLUSTER"
 mkdir -p "$state"
+rm -f "$state/up.env"
 python3 tests/kind/host_sysctl.py save "$state/host-sysctl-before.json"
 docker volume ls -q | sort > "$state/volumes-before"
+fi
 cleanup() {
   local code=$?
   if [ "${KEEP_CLUSTER:-0}" = 1 ]; then
@@ -97,6 +108,12 @@ cleanup() {
   exit $code
 }
 trap cleanup EXIT
+if [ $mode = test-up ]; then
+  [ -s "$state/up.env" ] || die "no cluster from scripts/kind-e2e.sh --up (no $state/up.env)"
+  # shellcheck source=/dev/null
+  source "$state/up.env"
+  export KUBECONFIG=$kubeconfig
+else
 kubeconfig=$(scripts/kind/cluster.sh create | tail -n 1)
 export KUBECONFIG=$kubeconfig
 workers=$(kubectl get nodes -l nvidia.com/gpu.product -o jsonpath='{.items[*].metadata.name}' | tr ' ' ',')
@@ -176,6 +193,13 @@ timed "helm install" helm install topotrain charts/topotrain -n topotrain-system
   --set-json "nodeSelector=$on_control_plane" --set-json "tolerations=$control_plane_toleration" \
   --set operator.reconcileIntervalSeconds=2 --set operator.checkpointPollSeconds=2 \
   --wait --timeout 180s >&2
+fi
+if [ $mode = up ]; then
+  printf 'kubeconfig=%q\n' "$kubeconfig" > "$state/up.env"
+  log "cluster $KIND_CLUSTER up in $((SECONDS - run_start))s; scripts/kind-e2e.sh --test-up runs the suite"
+  trap - EXIT
+  exit 0
+fi
 
 export TOPOTRAIN_KIND=1
 export TOPOTRAIN_KIND_CLUSTER=$KIND_CLUSTER

@@ -49,11 +49,18 @@ mypy --strict operator/topotrain trainer_image/topotrain_trainer
 testbed_wait
 if [ "$kind" = 1 ]; then
   # Its builds (Go binaries, base and node images, our Dockerfiles: minutes on a cold machine,
-  # seconds on a warm one) run meanwhile at the lowest CPU priority; the cluster comes after.
+  # seconds on a warm one), then the cluster, the image loads (minutes) and the chart, run
+  # meanwhile at the lowest CPU priority; the kind suite itself runs after pytest.
   kind_log=$(mktemp)
-  echo "== kind: preparing in the background (log: $kind_log)"
-  nice -n 19 scripts/kind-e2e.sh --prepare >"$kind_log" 2>&1 &
+  echo "== kind: preparing and bringing the cluster up in the background (log: $kind_log)"
+  nice -n 19 scripts/kind-e2e.sh --up >"$kind_log" 2>&1 &
   kind_prepare=$!
+  # Interrupted before the kind stage: the background cluster must not outlive the run.
+  kind_pending() {
+    kill "$kind_prepare" 2>/dev/null && wait "$kind_prepare" 2>/dev/null
+    KIND_CLUSTER=${KIND_CLUSTER:-topotrain} scripts/kind/cluster.sh delete >/dev/null 2>&1 || true
+  }
+  trap kind_pending EXIT
 fi
 echo "== pytest (at ${SECONDS}s)"
 set +e
@@ -71,12 +78,18 @@ set -e
 if [ "$kind" = 1 ]; then
   prepare_code=0
   wait "$kind_prepare" || prepare_code=$?
-  echo "== kind: preparation exit $prepare_code"
-  if [ $prepare_code -eq 0 ]; then grep -E ' took |prepared in' "$kind_log" || true; else tail -n 40 "$kind_log"; fi
-  echo "== kind (scripts/kind-e2e.sh: images, a kind cluster, tests/kind; at ${SECONDS}s)"
+  trap - EXIT
+  echo "== kind: preparation and cluster exit $prepare_code"
+  if [ $prepare_code -eq 0 ]; then grep -E ' took |up in' "$kind_log" || true; else tail -n 40 "$kind_log"; fi
   start=$SECONDS
   set +e
-  scripts/kind-e2e.sh
+  if [ $prepare_code -eq 0 ]; then
+    echo "== kind (scripts/kind-e2e.sh --test-up: tests/kind on the cluster, then its deletion; at ${SECONDS}s)"
+    scripts/kind-e2e.sh --test-up
+  else  # the whole stage again in the foreground: builds, a fresh cluster, the suite
+    echo "== kind (scripts/kind-e2e.sh: images, a kind cluster, tests/kind; at ${SECONDS}s)"
+    scripts/kind-e2e.sh
+  fi
   kind_code=$?
   set -e
   echo "== kind: exit $kind_code after $((SECONDS - start))s"
