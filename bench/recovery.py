@@ -24,7 +24,7 @@ With --first-step, instead: time to the first training step after a trainer
 crash, a pod deletion, a node loss and a hang, restart in place against a
 recreate, with the real trainer (bench/recovery_first_step.py):
 
-    python bench/recovery.py --first-step [--repeats 2]
+    python bench/recovery.py --first-step [--repeats 2] [--classes crash,hang] [--warm-spares]
 """
 
 from __future__ import annotations
@@ -212,12 +212,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first-step", action="store_true",
                         help="time to first step per failure class, in place vs recreate, real trainer")
     parser.add_argument("--repeats", type=int, default=2, help="--first-step: faults per class and mode")
+    parser.add_argument("--classes", default="crash,pod deletion,node loss,hang",
+                        help="--first-step: comma list of failure classes")
+    parser.add_argument("--warm-spares", action="store_true",
+                        help="--first-step: the job keeps warm spares (training.warmSpares)")
     args = parser.parse_args(argv)
     if args.first_step:
         sys.path.insert(0, str(REPO / "bench"))
         import recovery_first_step
 
-        recovery_first_step.print_table(recovery_first_step.run(args.repeats))
+        classes = tuple(c.strip() for c in args.classes.split(","))
+        unknown = [c for c in classes if c not in recovery_first_step.CLASSES]
+        if unknown:
+            parser.error(f"--classes: unknown {', '.join(unknown)}")
+        recovery_first_step.print_table(
+            recovery_first_step.run(args.repeats, classes, warm_spares=args.warm_spares))
         return 0
     sizes = [int(s) for s in args.sizes.split(",")]
     unknown = [s for s in sizes if s not in SHAPES]

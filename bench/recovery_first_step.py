@@ -49,7 +49,7 @@ HANG_TIMEOUT = 30
 RECOVERY_TIMEOUT = 900.0
 
 
-def job_spec(product: str) -> dict[str, Any]:
+def job_spec(product: str, warm_spares: bool = False) -> dict[str, Any]:
     return {
         "parallelism": {"tensor": 2, "pipeline": 2, "data": 2},
         "worker": {"gpusPerPod": 2, "gpuTypes": [product]},
@@ -60,7 +60,7 @@ def job_spec(product: str) -> dict[str, Any]:
             "progressTimeoutSeconds": HANG_TIMEOUT, "restartInPlace": True,
         },
         "training": {"model": "tiny", "steps": 1_000_000, "globalBatch": 8, "microBatch": 2,
-                     "progressEvery": 1, "metricsPort": 0},
+                     "progressEvery": 1, "metricsPort": 0, "warmSpares": warm_spares},
     }  # fmt: skip
 
 
@@ -154,7 +154,7 @@ class FirstStepBench:
         return sample
 
 
-def run(repeats: int) -> list[Sample]:
+def run(repeats: int, classes: tuple[str, ...] = CLASSES, warm_spares: bool = False) -> list[Sample]:
     samples: list[Sample] = []
     with ExitStack() as stack:
         kubeconfig, s3 = cluster(stack, prefix="first-step")
@@ -164,10 +164,10 @@ def run(repeats: int) -> list[Sample]:
         job_stack = stack.enter_context(
             stack_in_new_namespace(Kube(kubeconfig, api, testbed=None), s3, workdir, "first-step")
         )
-        job_stack.apply_job(JOB, job_spec(product))
+        job_stack.apply_job(JOB, job_spec(product, warm_spares))
         bench, started = FirstStepBench(job_stack), time.monotonic()
         for number in range(repeats):
-            for kind in CLASSES:
+            for kind in classes:
                 order = (True, False) if number % 2 == 0 else (False, True)
                 samples += [bench.one(kind, in_place) for in_place in order]
         print(f"  {len(samples)} faults in {time.monotonic() - started:.0f}s", flush=True)
