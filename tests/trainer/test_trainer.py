@@ -198,6 +198,33 @@ def test_resume_at_another_data_degree_continues_the_same_samples(
     assert (done["event"], done["consumed_samples"]) == ("done", STEPS * GLOBAL_BATCH)
 
 
+def test_a_checkpoint_saved_after_a_resize_resumes_at_its_own_mesh(
+    s3: S3Server, baseline: Baseline, tmp_path: Path
+) -> None:
+    """dp=2 -> dp=1 (a resize: the RNG state of the other mesh is not loaded) -> a save at dp=1
+    -> a resume at dp=1. The save after the resize must carry the RNG state again: it did not,
+    and the next restart of a job that had shrunk or grown failed with "Missing key in
+    checkpoint state_dict: app.rng_rank0" (found by bench/planned.py: scale down, up, drain)."""
+    uri = fresh_uri(s3)
+    # Every run has the baseline's schedule (STEPS): the learning rate depends on it.
+    first = TrainerRun(trainer_env(data=2, training=training(tmp_path), s3_env=s3.env(),
+                                   checkpoint_uri=uri, interval=INTERVAL))  # fmt: skip
+    assert first.finish() == 0, first.tail()
+    resized = TrainerRun(trainer_env(data=1, training=training(tmp_path), s3_env=s3.env(),
+                                     checkpoint_uri=uri, interval=INTERVAL, resume_step=3, attempt=1))  # fmt: skip
+    assert resized.finish() == 0, resized.tail()
+    assert dict(store_for(s3, uri).read_commit(6).mesh)["data"] == 1  # type: ignore[union-attr]
+    again = TrainerRun(trainer_env(data=1, training=training(tmp_path), s3_env=s3.env(),
+                                   checkpoint_uri=uri, interval=INTERVAL, resume_step=6, attempt=2))  # fmt: skip
+    assert again.finish() == 0, again.tail()
+    assert not [e for e in again.events if e["event"] == "restore_without_rng"], "step 6 lacks its RNG state"
+    restored = next(e for e in again.events if e["event"] == "restored")
+    assert restored["step"] == 6
+    assert sorted(again.losses()) == [7, 8, 9]
+    for step, loss in again.losses().items():
+        assert loss == pytest.approx(baseline.losses[step], abs=LOSS_TOL), f"step {step}"
+
+
 @pytest.fixture
 def s3_restarted_after(s3: S3Server) -> Iterator[S3Server]:
     yield s3

@@ -52,6 +52,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from topotrain.checkpoints import AttemptStart, CheckpointStore, ServedRequest, attempt_dir
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
@@ -92,7 +93,9 @@ class AppState(Stateful):
             progress,
         )
         self.rank = dist.get_rank() if dist.is_initialized() else 0
-        self.load_rng = True  # set False when the saved mesh differs (RNG streams are per rank)
+        # False only while loading a checkpoint of another mesh (RNG streams are per rank), so
+        # that load asks for no RNG entry; every save carries this rank's RNG state.
+        self.load_rng = True
 
     def state_dict(self) -> dict[str, Any]:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=STATE_OPTIONS)
@@ -358,19 +361,35 @@ class Checkpointer:
         commit = self.store.read_commit(step)
         if commit is None:
             raise FileNotFoundError(f"{self.store.step_uri(step)} has no COMMITTED marker")
-        app.load_rng = dict(commit.mesh) == self.mesh_sizes
         self.restored_request = commit.request
         began = time.perf_counter()
-        if whole_step:
-            read = self._restore_downloaded(step, app)
-        else:
-            reader = S3RangeReader(self.store, step, commit.shards)
-            dcp_load({"app": app}, storage_reader=reader, process_group=self.group)
-            read = reader.stats.bytes
+        app.load_rng = dict(commit.mesh) == self.mesh_sizes
+        try:
+            try:
+                read = self._load(step, commit.shards, app, whole_step)
+            except CheckpointException as err:
+                # Saved after a resize by a trainer that left the RNG state out of every later
+                # save (fixed): same mesh, but no RNG entry to restore. Every rank sees the same
+                # collective failure, so every rank loads again without it.
+                if not app.load_rng or "app.rng_rank" not in str(err):
+                    raise
+                self.on_event({"event": "restore_without_rng", "step": step})
+                app.load_rng = False
+                read = self._load(step, commit.shards, app, whole_step)
+        finally:
+            app.load_rng = True
         seconds = time.perf_counter() - began
         per_rank: list[Any] = [None] * dist.get_world_size(self.group)
         dist.all_gather_object(per_rank, read, group=self.group)
         return RestoreStats(read, commit.bytes, seconds, tuple(int(n) for n in per_rank))
+
+    def _load(self, step: int, shards: str, app: AppState, whole_step: bool) -> int:
+        """DCP-load `step` into `app`; the bytes this rank fetched."""
+        if whole_step:
+            return self._restore_downloaded(step, app)
+        reader = S3RangeReader(self.store, step, shards)
+        dcp_load({"app": app}, storage_reader=reader, process_group=self.group)
+        return reader.stats.bytes
 
     def _restore_downloaded(self, step: int, app: AppState) -> int:
         """Local rank 0 downloads the step, then DCP loads every local rank's share from disk."""
