@@ -72,6 +72,24 @@ if [ $mode = prepare ]; then
   exit 0
 fi
 if [ $mode != test-up ]; then
+# A cluster of this name left by a run that was stopped before its cleanup (an EXIT trap does
+# not run on SIGKILL or when the machine stops) holds the name and about 30 GB of volumes: the
+# next run deletes it. A run records its owner (TOPOTRAIN_KIND_OWNER: scripts/test.sh's pid for
+# its --up and --test-up, else this script's) as pid and start time, so a live run's cluster is
+# never taken for a stale one, and a reused pid is not taken for a live run.
+owner_of() { [ -r "/proc/$1/stat" ] && echo "$1 $(awk '{print $22}' "/proc/$1/stat")"; }
+owner=$(owner_of "${TOPOTRAIN_KIND_OWNER:-$$}")
+mkdir -p "$state"
+if [ -s "$state/owner" ] && [ "$(cat "$state/owner")" != "$owner" ] \
+    && [ "$(owner_of "$(cut -d' ' -f1 "$state/owner")")" = "$(cat "$state/owner")" ]; then
+  die "cluster $KIND_CLUSTER belongs to a run still going (pid $(cut -d' ' -f1 "$state/owner")); set KIND_CLUSTER to run beside it"
+fi
+if [ -n "$(docker ps -a -q --filter "label=io.x-k8s.kind.cluster=$KIND_CLUSTER")" ]; then
+  log "deleting cluster $KIND_CLUSTER, left behind by a run that did not finish"
+  scripts/kind/cluster.sh delete
+fi
+docker network rm "$KIND_EXPERIMENTAL_DOCKER_NETWORK" >/dev/null 2>&1 || true
+echo "$owner" > "$state/owner"
 # The loaded trainer image alone takes about 9 GB in each worker's volume (docs/kind.md).
 need_gb=${KIND_MIN_FREE_GB:-30}
 docker_root=$(docker info -f '{{.DockerRootDir}}')
@@ -79,7 +97,6 @@ free_gb=$(( $(df -Pk "$docker_root" | awk 'NR==2 {print $4}') / 1048576 ))
 [ "$free_gb" -ge "$need_gb" ] \
   || die "only ${free_gb} GB free under $docker_root; a kind cluster with the trainer image on three workers needs about ${need_gb} GB (KIND_MIN_FREE_GB)"
 
-mkdir -p "$state"
 rm -f "$state/up.env"
 python3 tests/kind/host_sysctl.py save "$state/host-sysctl-before.json"
 docker volume ls -q | sort > "$state/volumes-before"
@@ -90,7 +107,7 @@ cleanup() {
     log "keeping cluster $KIND_CLUSTER (KUBECONFIG=$kubeconfig)"
     exit $code
   fi
-  scripts/kind/cluster.sh delete || code=1
+  scripts/kind/cluster.sh delete && rm -f "$state/owner" || code=1
   docker network rm "$KIND_EXPERIMENTAL_DOCKER_NETWORK" >/dev/null 2>&1 || true
   local left
   left=$(docker ps -a -q --filter "label=io.x-k8s.kind.cluster=$KIND_CLUSTER"; \

@@ -53,6 +53,8 @@ if [ "$kind" = 1 ]; then
   # meanwhile at the lowest CPU priority; the kind suite itself runs after pytest.
   kind_log=$(mktemp)
   echo "== kind: preparing and bringing the cluster up in the background (log: $kind_log)"
+  # The cluster's owner is this run: a cluster left by an earlier run that was killed is deleted.
+  export TOPOTRAIN_KIND_OWNER=$$
   nice -n 19 scripts/kind-e2e.sh --up >"$kind_log" 2>&1 &
   kind_prepare=$!
   # Interrupted before the kind stage: the background cluster must not outlive the run.
