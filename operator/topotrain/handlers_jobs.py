@@ -205,6 +205,7 @@ class JobLoop:
                 await asyncio.sleep(COALESCE_SECONDS)
         finally:
             self.op.forget(self.key, event)
+            self.op.ledger.forget_owned(self.key[0], self.uid)
             METRICS.job_phase(*self.key, None)
 
     async def pass_once(self, pods: kopf.Index[str, Any], nodes: kopf.Index[str, Any],
@@ -402,8 +403,9 @@ class JobLoop:
 def wants_capacity(status: TrainingJobStatus, spec: TrainingJobSpec) -> bool:
     """Whether GPUs freed anywhere, or any node changing, may let this job move on: every job
     that is not Running (waiting to be placed, recovering, starting), and a Running job below its
-    wanted data degree (it may grow). A finished job, or one Running at full size, needs neither."""
-    if status.phase in ("Succeeded", "Failed"):
+    wanted data degree (it may grow). A finished or suspended job, or one Running at full size,
+    needs neither (un-suspending is a spec change, which wakes the job itself)."""
+    if status.phase in ("Succeeded", "Failed", "Suspended"):
         return False
     if status.phase != "Running":
         return True

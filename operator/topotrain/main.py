@@ -25,6 +25,7 @@ log = logging.getLogger("topotrain")
 SETTINGS: Settings = Settings.from_env()
 STATE: dict[str, Operator] = {}
 _NODE_SEEN: dict[str, tuple[Any, ...]] = {}
+_GENERATION_SEEN: dict[str, Any] = {}  # TrainingJob uid -> the metadata.generation last seen
 
 
 def _operator() -> Operator:
@@ -75,6 +76,8 @@ async def pod_event(body: kopf.Body, type: str | None, **_: Any) -> None:
     key = job_of(body)
     if key is not None:
         op.wake(key)
+    if type == "DELETED":
+        op.ledger.deleted(body)  # created and deleted before any pass saw it
     phase = body.get("status", {}).get("phase")
     if type == "DELETED" or phase in ("Succeeded", "Failed") or body.get("metadata", {}).get("deletionTimestamp"):
         op.wake_for_capacity()  # GPUs are being freed: waiting jobs may fit now
@@ -93,6 +96,25 @@ async def node_event(body: kopf.Body, type: str | None, **_: Any) -> None:
     if _NODE_SEEN.get(name) != seen:
         _NODE_SEEN[name] = seen
         op.wake_for_node(name)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def job_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+    """A spec change (a new metadata.generation: status writes leave it alone) wakes the job's
+    loop at once instead of at its next idle re-check (reconcile_interval)."""
+    op = STATE.get("op")
+    meta = body.get("metadata", {})
+    uid = str(meta.get("uid") or "")
+    if type == "DELETED":
+        _GENERATION_SEEN.pop(uid, None)
+        return
+    generation = meta.get("generation")
+    if op is None or _GENERATION_SEEN.get(uid) == generation:
+        return
+    first = uid not in _GENERATION_SEEN
+    _GENERATION_SEEN[uid] = generation
+    if not first:
+        op.wake((str(meta.get("namespace") or "default"), str(meta.get("name"))))
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=2.0)

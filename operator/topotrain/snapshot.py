@@ -205,6 +205,26 @@ class Ledger:
         with self._mutex:
             self.entries.pop((namespace, name), None)
 
+    def forget_owned(self, namespace: str, uid: str) -> None:
+        """The job with `uid` is gone: its pods the watch never showed hold no GPUs and no names
+        (a pod created and deleted between two passes is never seen by `unseen`, and would
+        otherwise stand in a namesake's way, and hold its GPUs, for LEDGER_TTL)."""
+        if not uid:
+            return
+        with self._mutex:
+            for key in [k for k, (_, slim, _) in self.entries.items()
+                        if k[0] == namespace and _owner_uid(slim) == uid]:
+                del self.entries[key]
+
+    def deleted(self, pod: Mapping[str, Any]) -> None:
+        """The watch reported `pod` deleted: the entry of that pod (same name, same owner) goes."""
+        meta = pod.get("metadata") or {}
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        with self._mutex:
+            entry = self.entries.get(key)
+            if entry is not None and _owner_uid(entry[1]) == _owner_uid(pod):
+                del self.entries[key]
+
     def unseen(self, seen: Iterable[tuple[str, str]]) -> list[tuple[JobKey, dict[str, Any]]]:
         """Entries the index does not show yet (expired ones are dropped)."""
         shown, now = set(seen), time.monotonic()
@@ -212,6 +232,11 @@ class Ledger:
             for key in [k for k, (_, _, t) in self.entries.items() if k in shown or now - t > LEDGER_TTL]:
                 del self.entries[key]
             return [(job, slim) for job, slim, _ in self.entries.values()]
+
+
+def _owner_uid(pod: Mapping[str, Any]) -> str | None:
+    owner = controller_owner(pod.get("metadata") or {})
+    return owner.uid if owner is not None else None
 
 
 SECOND_LOOK_SECONDS = 5.0  # Ghosts.resync: between the cached LIST and the consistent one

@@ -178,6 +178,19 @@ class Cluster:
     def status(self, name: str) -> dict[str, Any]:
         return dict(self.job(name).get("status") or {})
 
+    def jobs_summary(self) -> str:
+        """Every job's uid, generation and status (printed when a test ends: on a failure, what
+        the operator had written by then)."""
+        try:
+            items = self.custom.list_namespaced_custom_object(
+                "topotrain.io", "v1alpha1", self.namespace, "trainingjobs")["items"]
+        except Exception as exc:  # the summary must never hide the test's own failure
+            return f"(not listed: {exc})"
+        return "\n".join(
+            f"{j['metadata']['name']} uid={j['metadata'].get('uid')} generation="
+            f"{j['metadata'].get('generation')} spec.checkpoint={(j.get('spec') or {}).get('checkpoint')} "
+            f"status={j.get('status')}" for j in items) or "(none)"
+
     def condition(self, name: str, type_: str) -> dict[str, Any] | None:
         return next((c for c in self.status(name).get("conditions", []) if c["type"] == type_), None)
 
@@ -229,6 +242,7 @@ def cluster_fixture(kube: Kube, namespace: str, tmp_path: Path, **env: str) -> I
     try:
         yield cluster
     finally:
+        print(f"--- TrainingJobs at the end ---\n{cluster.jobs_summary()}")
         operator.stop()
         cluster.cleanup()
         print(f"--- operator log ({operator.log}) ---\n{operator.tail()}")

@@ -108,3 +108,24 @@ def test_deleting_a_job_removes_children_and_keeps_checkpoints(
         s for s in cluster.kube.core.list_namespaced_service(cluster.namespace).items
         if s.metadata.name == "gone"])
     assert [c.step for c in store.list_committed()] == [100]
+
+
+@pytest.fixture
+def idle(kube: Kube, namespace: str, tmp_path: Path) -> Iterator[Cluster]:
+    """The operator with a ten-minute idle re-check: only events move a job along."""
+    yield from cluster_fixture(kube, namespace, tmp_path, TOPOTRAIN_RECONCILE_INTERVAL="600")
+
+
+def test_a_spec_change_is_acted_on_without_waiting_for_the_idle_recheck(idle: Cluster) -> None:
+    """A suspended job is Suspended and its loop idles (nothing to wait for); un-suspending it
+    is a spec change only, which must wake the loop: before, it waited for the next idle
+    re-check (reconcile_interval, 10 s by default), and a job re-created with resumePolicy
+    patched in sat on its refusal until then."""
+    idle.add_nodes(racks=1, per_rack=1)
+    idle.apply(idle.manifest("llm", pipeline=1, data=1, suspend=True))
+    idle.wait_phase("llm", "Suspended")
+    idle.patch_spec("llm", {"suspend": False})
+    wait_for("the gang Running long before the idle re-check", lambda: idle.running_gang("llm", 0, 1),
+             timeout=120)
+    status = idle.wait_phase("llm", "Running")
+    assert status["observedGeneration"] == 2

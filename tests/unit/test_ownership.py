@@ -276,3 +276,35 @@ def test_the_resync_finds_ghosts_no_call_touched_with_two_lists() -> None:
     lists.clear()
     assert ghosts.resync(index, lambda cached: lists.append(cached) or {"kept", "new"}, second_look=0) == []
     assert lists == [True]  # nothing suspect: no consistent LIST
+
+
+def test_a_deleted_jobs_unseen_pods_leave_the_ledger_with_it() -> None:
+    """A job deleted right after its pods were created (before any pass saw them in the watch)
+    left them in the ledger for LEDGER_TTL: its namesake found 'its' pod names taken by a pod
+    that no longer existed, and other jobs found the GPUs taken. The loop's end and the pod's
+    DELETED event each drop them; a namesake's own entries stay."""
+    key = ("team", "llm")
+
+    def entry(uid: str, index: int) -> dict[str, Any]:
+        return pod(JobMeta("llm", "team", uid), SPEC, PodPlan(attempt=0, index=index, node=f"n{index}",
+                                                          data=2, resume_step=None))
+
+    ledger = Ledger()
+    ledger.record(key, entry("old-uid", 0))
+    ledger.record(key, entry("old-uid", 1))
+    snap = Snapshot.take([node("n0"), node("n1")], [], ledger)
+    assert snap.foreign_problem(key, "new-uid", attempt=0) is not None, "the stale entry stands in the way"
+
+    ledger.deleted(slim_pod(entry("other-uid", 0)))  # a namesake's pod of that name: not this entry
+    assert len(ledger.unseen([])) == 2
+    ledger.deleted(slim_pod(entry("old-uid", 0)))
+    assert [slim["metadata"]["name"] for _, slim in ledger.unseen([])] == ["llm-0-1"]
+
+    ledger.record(("other-team", "llm"), pod(JobMeta("llm", "other-team", "old-uid"), SPEC,
+                                             PodPlan(attempt=0, index=0, node="n0", data=2, resume_step=None)))
+    ledger.forget_owned("team", "old-uid")
+    assert [slim["metadata"]["namespace"] for _, slim in ledger.unseen([])] == ["other-team"]
+    snap = Snapshot.take([node("n0"), node("n1")], [], ledger)
+    assert snap.foreign_problem(key, "new-uid", attempt=0) is None
+    inventory = snap.inventory(key, TopologyLevels(), [], {}, uid="new-uid")
+    assert {n: info.free for n, info in inventory.nodes.items()} == {"n0": 0, "n1": 8}

@@ -28,6 +28,7 @@ def test_only_jobs_that_could_move_on_want_capacity() -> None:
     assert not wants_capacity(status("Running", 4), SPEC)
     assert not wants_capacity(status("Succeeded", 4), SPEC)
     assert not wants_capacity(status("Failed"), SPEC)
+    assert not wants_capacity(status("Suspended"), SPEC)  # only its spec can move it on
 
 
 def test_freed_gpus_and_node_changes_wake_only_the_jobs_they_can_affect() -> None:
