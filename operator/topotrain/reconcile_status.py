@@ -147,7 +147,11 @@ class StatusBuilder:
     # --- configuration and placement ----------------------------------------
 
     def config_invalid(self, reason: str, message: str) -> None:
-        if self.set(C.CONFIG_VALID, False, reason, message):
+        # An Event for each new reason, not only the first: a job refused for one reason and then
+        # for another (its namesake's checkpoints, then its namesake's pods) must say so.
+        before = self.status.condition(C.CONFIG_VALID)
+        self.set(C.CONFIG_VALID, False, reason, message)
+        if before is None or before.status != "False" or before.reason != reason:
             self._event(WARNING, reason, message)
 
     def config_ok(self) -> None:

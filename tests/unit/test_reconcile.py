@@ -309,6 +309,21 @@ def test_config_problem_blocks_start_with_a_condition(problem: tuple[str, str], 
     assert d.status.condition(C.CONFIG_VALID).reason == reason  # type: ignore[union-attr]
 
 
+def test_each_new_config_problem_is_announced_once() -> None:
+    """A job refused for its namesake's checkpoints and then for its namesake's pods said
+    nothing the second time (the condition stayed False): an Event per new reason, none per
+    pass while it lasts, and the launch once it is gone."""
+    first, obs = run(observed(config_problem=(Reason.FOREIGN_CHECKPOINTS, "step 100 is another job's")))
+    assert [e[1] for e in first.events] == [Reason.FOREIGN_CHECKPOINTS]
+    again, obs = run(obs)
+    assert again.events == []
+    other, obs = run(obs, config_problem=(Reason.FOREIGN_OBJECT, "Pod ns/job-0-0 is another job's"))
+    assert [(e[0], e[1]) for e in other.events] == [("Warning", Reason.FOREIGN_OBJECT)]
+    assert other.status.condition(C.CONFIG_VALID).reason == Reason.FOREIGN_OBJECT  # type: ignore[union-attr]
+    fixed, _ = run(obs, config_problem=None)
+    assert fixed.launch is not None
+
+
 def test_unplaceable_job_waits_with_reason() -> None:
     d, _ = run(observed(planner=FakePlanner(capacity=1)))
     cond = d.status.condition(C.SCHEDULABLE)
