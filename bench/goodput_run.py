@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from testbed import faults
-from testbed.harness_proc import json_lines
+from testbed.harness_proc import events_by_attempt
 from testbed.harness_stack import Stack
 from testbed.restart_probes import pod_pid
 
@@ -124,13 +124,10 @@ def job_spec(mode: Mode, product: str, steps: int, interval: int) -> dict[str, A
     }  # fmt: skip
 
 
-def events_by_attempt(stack: Stack, job: str) -> dict[int, list[dict[str, Any]]]:
+def job_events(stack: Stack, job: str) -> dict[int, list[dict[str, Any]]]:
+    """The job's JSON events per attempt (a pod restarted in place logs several attempts)."""
     assert stack.harness is not None
-    out: dict[int, list[dict[str, Any]]] = {}
-    for path in stack.harness.job_logs(stack.namespace, job):
-        attempt = int(path.name[1:].split("-", 1)[0])
-        out.setdefault(attempt, []).extend(json_lines([path]))
-    return out
+    return events_by_attempt(stack.harness.job_logs(stack.namespace, job))
 
 
 class Runner:
@@ -164,7 +161,7 @@ class Runner:
         return self.result
 
     def _observe(self, status: dict[str, Any]) -> None:
-        events = events_by_attempt(self.stack, self.job)
+        events = job_events(self.stack, self.job)
         pending = next((f for f in self.result.failures if not f.done), None)
         if pending is not None:
             self._track(pending, status, events)
@@ -240,7 +237,7 @@ class Runner:
                 faults.node_ready(self.stack.kubeconfig, f.node)  # capacity returns as a spare
 
     def _finish(self, created: float) -> None:
-        events = events_by_attempt(self.stack, self.job)
+        events = job_events(self.stack, self.job)
         final: dict[int, float] = {}
         for attempt in sorted(events):
             for e in events[attempt]:

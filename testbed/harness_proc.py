@@ -148,6 +148,23 @@ def json_lines(paths: Iterable[Path]) -> Iterator[dict[str, Any]]:
                         yield record
 
 
+def events_by_attempt(paths: Iterable[Path]) -> dict[int, list[dict[str, Any]]]:
+    """The JSON events of pod logs named `a<attempt>-...log`, per attempt.
+
+    A pod kept across an in-place restart logs several attempts in its one file: its
+    supervisor's `workers_started` event names the attempt the lines after it belong to."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for path in paths:
+        attempt = int(path.name[1:].split("-", 1)[0])
+        for record in json_lines([path]):
+            if "event" not in record:
+                continue
+            if record["event"] == "workers_started" and "attempt" in record:
+                attempt = int(record["attempt"])
+            out.setdefault(attempt, []).append(record)
+    return out
+
+
 def spawn(
     argv: list[str], env: dict[str, str], cwd: Path, log_path: Path, *, node: str
 ) -> subprocess.Popen[bytes]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from topotrain.manifests import ATTEMPT_LABEL, CONTAINER, INDEX_LABEL, JOB_LABEL
 
+from testbed.harness_proc import events_by_attempt
 from testbed.kube import Kube
 from tests.kind.conftest import KindEnv, kubectl_json, wait_for
 
@@ -119,17 +120,7 @@ class KindJob:
 
         A pod kept across an in-place restart logs several attempts: its supervisor's
         `workers_started` event names the attempt the lines after it belong to."""
-        out: dict[int, list[dict[str, Any]]] = {}
-        for path in sorted(self.logs.glob("a*.log")):
-            attempt = int(path.name[1:].split("-", 1)[0])
-            for line in path.read_text().splitlines():
-                with contextlib.suppress(ValueError):
-                    record = json.loads(line)
-                    if isinstance(record, dict) and "event" in record:
-                        if record["event"] == "workers_started" and "attempt" in record:
-                            attempt = int(record["attempt"])
-                        out.setdefault(attempt, []).append(record)
-        return out
+        return events_by_attempt(sorted(self.logs.glob("a*.log")))
 
     def diagnose(self) -> str:
         """What a failed test needs to see: the job's status, its Events, the operator's last lines."""

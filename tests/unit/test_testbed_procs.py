@@ -60,3 +60,24 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+def test_a_pod_restarted_in_place_files_its_later_events_under_their_attempt(tmp_path: Path) -> None:
+    """A kept pod's one log holds several attempts: the goodput benchmark read the restarted
+    attempt's `restored` event as the old attempt's and reported its recovery as nan."""
+    from testbed.harness_proc import events_by_attempt
+
+    kept = tmp_path / "a0-job-0-0-abcd1234.log"
+    kept.write_text("\n".join([
+        '{"event": "workers_started", "attempt": 0, "source": "supervisor"}',
+        '{"event": "step", "step": 1}',
+        "not json: a warning from torch",
+        '{"metric": "no event field"}',
+        '{"event": "workers_started", "attempt": 1, "source": "supervisor"}',
+        '{"event": "restored", "step": 0}',
+    ]) + "\n")
+    replaced = tmp_path / "a1-job-1-1-ef567890.log"
+    replaced.write_text('{"event": "restored", "step": 0}\n')
+    events = events_by_attempt([kept, replaced])
+    assert [e["event"] for e in events[0]] == ["workers_started", "step"]
+    assert [e["event"] for e in events[1]] == ["workers_started", "restored", "restored"]
