@@ -74,8 +74,8 @@ fi
 if [ $mode != test-up ]; then
 # A cluster of this name left by a run that was stopped before its cleanup (an EXIT trap does
 # not run on SIGKILL or when the machine stops) holds the name and about 30 GB of volumes: the
-# next run deletes it. A run records its owner (TOPOTRAIN_KIND_OWNER: scripts/test.sh's pid for
-# its --up and --test-up, else this script's) as pid and start time, so a live run's cluster is
+# next run deletes it. A run records its owner (TOPOTRAIN_KIND_OWNER: scripts/test.sh's pid under
+# `make test`, so its --up and --test-up share one owner; else this script's) as pid and start time, so a live run's cluster is
 # never taken for a stale one, and a reused pid is not taken for a live run.
 owner_of() { [ -r "/proc/$1/stat" ] && echo "$1 $(awk '{print $22}' "/proc/$1/stat")"; }
 owner=$(owner_of "${TOPOTRAIN_KIND_OWNER:-$$}")

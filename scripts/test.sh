@@ -51,8 +51,8 @@ if [ "$kind" = 1 ]; then
   # Its builds (Go binaries, base and node images, our Dockerfiles: minutes on a cold machine,
   # seconds on a warm one) run meanwhile at the lowest CPU priority; the cluster, the image loads
   # and the suite come after pytest. (Bringing the cluster up during pytest, `--up`, was measured
-  # in a cold run: the image imports into the node containers, 14 GB of writes, throttled every
-  # writer on the machine and made pytest 15 minutes slower, more than the 9 minutes it saved.)
+  # in a cold run: the image imports into the node containers, 14 GB of writes, slowed the tests
+  # beside them (most likely dirty-page throttling) and made pytest 15 minutes slower, more than the 9 minutes it saved.)
   kind_log=$(mktemp)
   echo "== kind: preparing in the background (log: $kind_log)"
   # The cluster's owner is this run: a cluster left by an earlier run that was killed is deleted.
