@@ -10,13 +10,14 @@
 #      kubelets, containerd, pod network and cluster DNS in node containers
 #   4. in the cluster: the S3 server (versitygw image) and the chart installed
 #      by helm with the locally built operator image, so the operator runs as
-#      its Deployment; the trainer image loaded onto the workers
+#      its Deployment; the workers' node image holds the trainer image (step 2
+#      preloads it: no `kind load` of it into each worker)
 #   5. pytest tests/kind against it
 #   6. the cluster deleted; the host's kernel settings compared with those
 #      before the run, and no container, network or volume of ours left
 # `--prepare` stops after step 2. `--up` stops after step 4, leaving the cluster up (deleted on
-# failure); `--test-up` then runs steps 5 and 6 on it (scripts/test.sh brings the cluster up in
-# the background while the other suites run). Extra arguments go to pytest. Environment:
+# failure); `--test-up` then runs steps 5 and 6 on it (scripts/test.sh runs --prepare in the
+# background while the other suites run, then the whole script). Extra arguments go to pytest. Environment:
 # KIND_CLUSTER (default topotrain), KEEP_CLUSTER=1 keeps the cluster (and skips the after-run
 # checks).
 set -euo pipefail
@@ -30,6 +31,8 @@ export KIND_EXPERIMENTAL_DOCKER_NETWORK=${KIND_EXPERIMENTAL_DOCKER_NETWORK:-topo
 version=$(sed -nE 's/^version = "(.*)"/\1/p' pyproject.toml)
 operator_image=ghcr.io/topotrain/operator:$version
 trainer_image=ghcr.io/topotrain/trainer:$version-cpu
+# The workers' node image holds the trainer image already (scripts/kind/images.sh worker).
+export KIND_WORKER_IMAGE=$repo/kind-worker:$KUBERNETES_VERSION
 # The S3 server: versitygw from the image scripts/kind/images.sh builds, or MinIO from
 # MINIO_IMAGE when that image is present or can be pulled (as on a user's machine;
 # nothing can be pulled on ours, so there it falls back to versitygw).
@@ -145,10 +148,12 @@ fi
 # Training pods run on the workers; the operator and S3 on the control-plane node (tolerating its
 # taint), out of reach of the tests that stop or pause a worker.
 control_plane=$(kubectl get nodes -l node-role.kubernetes.io/control-plane -o jsonpath='{.items[0].metadata.name}')
-timed "kind load (trainer onto $workers)" \
-  kind load docker-image --name "$KIND_CLUSTER" --nodes "$workers" "$trainer_image" >&2
 timed "kind load (operator, s3 onto $control_plane)" \
   kind load docker-image --name "$KIND_CLUSTER" --nodes "$control_plane" "$operator_image" "$s3_image" >&2
+for node in ${workers//,/ }; do
+  docker exec "$node" ctr -n k8s.io images ls -q | grep -qxF "$trainer_image" \
+    || die "worker $node does not hold $trainer_image (its node image is not $KIND_WORKER_IMAGE?)"
+done
 on_control_plane='{"node-role.kubernetes.io/control-plane": ""}'
 control_plane_toleration='[{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}]'
 

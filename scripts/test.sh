@@ -67,7 +67,12 @@ set +e
 # The default run is every suite, the bounded chaos soak (tests/chaos, about 6 minutes) included,
 # and then the real-data-plane suite on a kind cluster (scripts/kind-e2e.sh, docs/kind.md).
 # Inside pytest the kind suite (tests/kind) skips itself: only scripts/kind-e2e.sh makes its cluster.
-[ $# -eq 0 ] && set -- tests --durations=25  # the slowest tests, for whoever shortens the run
+# With the kind stage, the unit tests (CPU only, no cluster, no disk traffic) run later, beside
+# it: its cluster creation and image loads mostly wait on the disk and leave the cores idle.
+if [ $# -eq 0 ]; then
+  set -- tests --durations=25  # the slowest tests, for whoever shortens the run
+  [ "$kind" = 1 ] && set -- "$@" --ignore=tests/unit
+fi
 python -m pytest "$@"
 code=$?
 set -e
@@ -82,12 +87,22 @@ if [ "$kind" = 1 ]; then
   echo "== kind: preparation exit $prepare_code"
   if [ $prepare_code -eq 0 ]; then grep -E ' took |prepared in' "$kind_log" || true; else tail -n 40 "$kind_log"; fi
   start=$SECONDS
+  # (after a failed preparation its builds run again here)
+  echo "== kind (scripts/kind-e2e.sh: images, a kind cluster, tests/kind; at ${SECONDS}s), and beside it pytest tests/unit"
+  scripts/kind-e2e.sh &
+  kind_stage=$!
+  trap 'kill "$kind_stage" 2>/dev/null; wait "$kind_stage" 2>/dev/null' EXIT
+  unit_log=$(mktemp)
   set +e
-  # (after a failed preparation its builds run again here, in the foreground)
-  echo "== kind (scripts/kind-e2e.sh: images, a kind cluster, tests/kind; at ${SECONDS}s)"
-  scripts/kind-e2e.sh
+  nice -n 19 python -m pytest tests/unit --durations=10 >"$unit_log" 2>&1
+  unit_code=$?
+  echo "== pytest tests/unit: exit $unit_code after $((SECONDS - start))s (beside the kind stage)"
+  cat "$unit_log"
+  [ $unit_code -eq 0 ] || code=1
+  wait "$kind_stage"
   kind_code=$?
   set -e
+  trap - EXIT
   echo "== kind: exit $kind_code after $((SECONDS - start))s"
   [ $kind_code -eq 0 ] || code=1
 fi

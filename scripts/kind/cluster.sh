@@ -9,7 +9,8 @@
 # default CNI (kindnetd cannot be built offline; the node CNI below, Debian's
 # ptp + host-local plugins with a route per node's podCIDR, takes its place),
 # and the nvidia.com/gpu capacity of every labelled worker.
-# Environment: KIND_CLUSTER (default topotrain), KIND_GPUS_PER_NODE (default 4).
+# Environment: KIND_CLUSTER (default topotrain), KIND_GPUS_PER_NODE (default 4),
+# KIND_WORKER_IMAGE (the workers' node image; default: the node image, as for the control plane).
 set -euo pipefail
 # shellcheck source=scripts/kind/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -49,8 +50,9 @@ kubelet = {
 patches = config.setdefault("kubeadmConfigPatches", [])
 patches += [yaml.safe_dump(cluster), yaml.safe_dump(kubelet)]
 image = f"{repo}/kind-node:{os.environ['KUBERNETES_VERSION']}"
+worker_image = os.environ.get("KIND_WORKER_IMAGE") or image
 for node in config["nodes"]:
-    node.setdefault("image", image)
+    node.setdefault("image", worker_image if node.get("role") == "worker" else image)
 print(yaml.safe_dump(config, sort_keys=False))
 PY
 }

@@ -6,9 +6,11 @@
 #   s3       $repo/s3:$VERSITYGW_VERSION          versitygw (posix backend)
 #   operator ghcr.io/topotrain/operator:$version  operator/Dockerfile
 #   trainer  ghcr.io/topotrain/trainer:$version-cpu  trainer_image/Dockerfile, FLAVOUR=cpu
+#   worker   $repo/kind-worker:$KUBERNETES_VERSION  the node image with the trainer
+#            image preloaded too (the cluster's workers; scripts/kind/cluster.sh)
 # Each is keyed by the hash of what goes into it and kept in the engine (the
 # node and base images also as tarballs under $TOPOTRAIN_CACHE/kind/images).
-# Usage: scripts/kind/images.sh [node|s3|operator|trainer ...]  (default: all)
+# Usage: scripts/kind/images.sh [node|s3|operator|trainer|worker ...]  (default: all)
 set -euo pipefail
 # shellcheck source=scripts/kind/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -135,20 +137,41 @@ build_node() {
     "$repo/etcd:${ETCD_VERSION#v}" "$repo/coredns:$COREDNS_VERSION" "$repo/pause:$PAUSE_VERSION")
   key=$(for t in "$base" "${images[@]}"; do image_id "$t"; done | sha256sum | cut -c1-16)
   have_image "$tag" "$key" && return 0
-  local cid
+  preload "$base" "$tag" "$key" "${images[@]}"
+  save_image "$tag" "$key"
+}
+
+# preload BASE TAG KEY IMAGE...: TAG is the node image BASE with IMAGEs imported into its
+# containerd (k8s.io namespace) and not unpacked: containerd unpacks an image when a container of
+# it is first created on the node. A cluster's node gets /var, these images included, copied
+# into its own volume when kind creates it.
+preload() {
+  local base=$1 tag=$2 key=$3 cid t
+  shift 3
   cid=$(docker run -d --entrypoint sleep "$base" infinity)
   docker exec "$cid" bash -c 'nohup containerd >/tmp/containerd.log 2>&1 &'
   for _ in $(seq 30); do docker exec "$cid" ctr version >/dev/null 2>&1 && break; sleep 1; done
-  for t in "${images[@]}"; do
+  for t in "$@"; do
     docker save "$t" | docker exec -i "$cid" ctr -n k8s.io images import --all-platforms --no-unpack --digests - >/dev/null
   done
   docker exec "$cid" ctr -n k8s.io images ls -q | grep -v '^sha256:' >&2
   docker exec "$cid" bash -c 'kill $(pidof containerd); while pidof containerd >/dev/null; do sleep 0.2; done; rm -f /tmp/containerd.log'
-  docker commit --change "LABEL io.topotrain.key=$key" \
+  docker commit --change "LABEL io.topotrain.key=$key" --change "LABEL $built_label" \
     --change 'ENTRYPOINT ["/usr/local/bin/topotrain-node-init", "/usr/local/bin/entrypoint", "/sbin/init"]' \
     --change 'CMD []' "$cid" "$tag" >/dev/null
   docker rm -f -v "$cid" >/dev/null
-  save_image "$tag" "$key"
+}
+
+# The worker node image: the node image with the trainer image preloaded, so that the workers of
+# a new cluster hold it from the start instead of each importing it (`kind load`: minutes of
+# disk writes after the cluster is up). Not kept in the cache's tars (it is two cached images).
+build_worker() {
+  local node="$repo/kind-node:$KUBERNETES_VERSION" trainer="ghcr.io/topotrain/trainer:$version-cpu"
+  local tag="$repo/kind-worker:$KUBERNETES_VERSION" key
+  key=$(for t in "$node" "$trainer"; do image_id "$t"; done | sha256sum | cut -c1-16)
+  [ "$(docker image inspect -f '{{index .Config.Labels "io.topotrain.key"}}' "$tag" 2>/dev/null)" = "$key" ] \
+    && return 0
+  preload "$node" "$tag" "$key" "$trainer"
 }
 
 build_s3() {
@@ -180,7 +203,7 @@ build_trainer() {
 
 "$kind_root/scripts/kind/base-images.sh"
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(node s3 operator trainer)
+[ ${#targets[@]} -eq 0 ] && targets=(node s3 operator trainer worker)
 for t in "${targets[@]}"; do
   timed "image $t" "build_$t"
 done

@@ -102,7 +102,12 @@ class KindJob:
                     name = pod["metadata"]["name"]
                     self.seen[name] = pod
                     labels = pod["metadata"]["labels"]
-                    started = pod.get("status", {}).get("containerStatuses")
+                    # Only once the container runs (or ran): `kubectl logs -f` on a container still
+                    # being created (its image unpacking) fails at once and is not retried.
+                    started = any(
+                        s.get("state", {}).get("running") or s.get("state", {}).get("terminated")
+                        for s in pod.get("status", {}).get("containerStatuses") or []
+                    )
                     if labels.get(INDEX_LABEL) != "0" or name in self._followers or not started:
                         continue
                     out = (self.logs / f"a{labels[ATTEMPT_LABEL]}-{name}.log").open("w")
