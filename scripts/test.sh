@@ -67,8 +67,8 @@ set +e
 # The default run is every suite, the bounded chaos soak (tests/chaos, about 6 minutes) included,
 # and then the real-data-plane suite on a kind cluster (scripts/kind-e2e.sh, docs/kind.md).
 # Inside pytest the kind suite (tests/kind) skips itself: only scripts/kind-e2e.sh makes its cluster.
-# With the kind stage, the unit tests (CPU only, no cluster, no disk traffic) run later, beside
-# it: its cluster creation and image loads mostly wait on the disk and leave the cores idle.
+# With the kind stage, the unit tests (CPU only, no cluster, no disk traffic; about a minute) run
+# later, beside its cluster creation, which mostly waits on node start-up and the disk.
 if [ $# -eq 0 ]; then
   set -- tests --durations=25  # the slowest tests, for whoever shortens the run
   [ "$kind" = 1 ] && set -- "$@" --ignore=tests/unit
