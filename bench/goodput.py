@@ -149,6 +149,10 @@ def report(results: list[ModeResult], interval: int) -> bool:
         )
     print("(* the slowest phase; checkpoint load is 0 when the trainer does not report load_seconds,"
           " and is then part of process start)")  # fmt: skip
+    print("\nper failure: step struck -> resumed from, recovery s, warm ranks/ranks started")
+    for r in results:
+        each = ", ".join(f"{f.step}->{f.resumed_step} {f.recovery:.1f}s {f.warm or '-'}" for f in r.failures)
+        print(f"{r.mode.label:<36} {each}")
     lost_ok = all(f.lost_steps <= interval for f in base.failures if f.done)
     beats = all(base.goodput > r.goodput for r in results if r.mode.baseline)
     print(

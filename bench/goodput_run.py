@@ -59,6 +59,7 @@ class Failure:
     load_seconds: float | None = None
     resumed_step: int | None = None
     lost_seconds: float = 0.0
+    warm: str = ""  # "<warm ranks>/<ranks>" the next attempt started (supervisors' workers_started)
 
     @property
     def done(self) -> bool:
@@ -226,6 +227,9 @@ class Runner:
             f.restored = float(restored[0]["time"])
             f.resumed_step = int(restored[0]["step"])
             f.load_seconds = restored[0].get("load_seconds")
+            started = [e for e in events.get(nxt, []) if e.get("event") == "workers_started"]
+            f.warm = (f"{sum(int(e.get('warm', 0)) for e in started)}/"
+                      f"{sum(int(e.get('workers', 0)) for e in started)}")  # fmt: skip
             lost = [
                 e
                 for e in events.get(f.attempt, [])

@@ -4,6 +4,8 @@
     <uri>/<namespace>/<name>/step-0000000042/COMMITTED  JSON {step, mesh, bytes, time, shards, request?}, last
     <uri>/<namespace>/<name>/progress.json           JSON {step, time, attempt, start?, checkpointRequest?}
     <uri>/<namespace>/<name>/owner.json              JSON {uid, created}: whose run this is
+    <uri>/<namespace>/<name>/failure.json            JSON {attempt, nodeRank, exitCode, time, pod}: a
+                                                     pod's trainer rank failed and its supervisor stays up
 
 Each save writes its shards under an attempt directory of its own,
 `step-0000000042/attempt-<K>-<token>/` (K: TOPOTRAIN_ATTEMPT; token: random per
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 COMMITTED = "COMMITTED"
 PROGRESS = "progress.json"
 OWNER = "owner.json"  # the TrainingJob (by UID) whose checkpoints these are; the operator writes it
+FAILURE = "failure.json"  # a supervisor's report of its own rank's failure (it waits for a restart)
 STEP_PREFIX = "step-"
 _STEP_RE = re.compile(r"^step-(\d{10})$")
 
@@ -158,6 +161,25 @@ class AttemptStart:
                        _parse_time(str(doc["firstStepTime"])), float(doc.get("loadSeconds", 0.0)))
         except (KeyError, TypeError, ValueError):
             return None  # an optional record: a malformed one is ignored, not fatal
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """failure.json: a trainer rank of pod `node_rank` failed in `attempt` with `exit_code`.
+
+    Its supervisor wrote it and stays up with its warm spares, waiting for the operator's next
+    attempt (a restart in place that keeps every pod), instead of exiting and failing the pod.
+    """
+
+    attempt: int
+    node_rank: int
+    exit_code: int
+    time: datetime  # UTC, the supervisor's clock
+    pod: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return {"attempt": self.attempt, "nodeRank": self.node_rank, "exitCode": self.exit_code,
+                "time": _format_time(self.time), "pod": self.pod}
 
 
 @dataclass(frozen=True)
@@ -341,6 +363,26 @@ class CheckpointStore:
             doc["checkpointRequest"] = request.to_json()
         self._write_json(self._key(PROGRESS), doc)
         return Progress(step, moment, attempt, start, request)
+
+    # --- a supervisor's failure report --------------------------------------
+
+    def read_failure(self) -> WorkerFailure | None:
+        """The last failure report; None when there is none or it is malformed (the pod's own
+        failure, seen later, still restarts the gang)."""
+        try:
+            doc = self._read_json(self._key(FAILURE))
+        except (CheckpointError, ValueError):
+            return None
+        if doc is None:
+            return None
+        try:
+            return WorkerFailure(int(doc["attempt"]), int(doc["nodeRank"]), int(doc["exitCode"]),
+                                 _parse_time(str(doc["time"])), str(doc.get("pod", "")))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def write_failure(self, failure: WorkerFailure) -> None:
+        self._write_json(self._key(FAILURE), failure.to_json())
 
     # --- owner record (written by the operator, never by the trainer) -------
 

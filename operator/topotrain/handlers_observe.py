@@ -94,6 +94,7 @@ class Observer:
             latest = store.latest_committed()
             progress = store.read_progress()
             request, request_step = _served_request(store, latest, progress)
+            failure = store.read_failure() if started else None
             refused = self._claim(store, ckpt.resume_policy, started, latest.step if latest else None)
         except Exception as exc:  # boto3 raises many kinds; all mean "unknown now"
             log.warning("checkpoint store of %s/%s unreadable: %s", namespace, name, exc)
@@ -109,7 +110,7 @@ class Observer:
             progress_time=progress.time if progress else None,
             progress_attempt=progress.attempt if progress else None,
             progress_start=progress.start if progress else None,
-            request=request, request_step=request_step,
+            request=request, request_step=request_step, worker_failure=failure,
         )
 
     def _claim(self, store: CheckpointStore, policy: ResumePolicy, started: bool,

@@ -8,6 +8,7 @@ Failures, in the order they are reported when several happen at once:
 |---|---|---|
 | a container exited with a code in `nonRetryableExitCodes` (default 78, EX_CONFIG) | NonRetryableExitCode | no |
 | a pod Failed (any other exit code, OOMKilled, ...) | PodFailed | yes |
+| a pod's supervisor reported its own trainer rank's failure in `failure.json` (warm spares; the pod stays Running, waiting to be restarted in place) | PodFailed (or NonRetryableExitCode for such a code) | yes |
 | a pod was evicted (status.reason Evicted) | PodEvicted | yes |
 | a pod exited EXIT_STOPPED (75: SIGTERM, after committing a checkpoint of its current step) | PodDeleted | yes |
 | a pod was deleted, or is being deleted, by someone else | PodDeleted | yes |
@@ -36,11 +37,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from topotrain.api import FailurePolicy
 from topotrain.contract import EXIT_STOPPED
 from topotrain.status import NodeFailures, Reason, RestartBudgets
+
+if TYPE_CHECKING:
+    from topotrain.checkpoints import WorkerFailure
 
 APPLICATION, INFRASTRUCTURE = "application", "infrastructure"
 INFRASTRUCTURE_REASONS = frozenset({
@@ -278,6 +282,30 @@ def pending_detail(pod: PodView) -> str:
         text = f": {pod.waiting_message}" if pod.waiting_message else ""
         return f"{pod.name}{where}: {pod.waiting}{text}"[:500]
     return f"{pod.name}{where} is {pod.phase}"
+
+
+def reported_failure(
+    report: WorkerFailure | None, attempt: int, pods: Iterable[PodView], policy: FailurePolicy,
+) -> Failure | None:
+    """A failure a pod's supervisor reported for `attempt` (checkpoints.WorkerFailure): the
+    pod of its node rank is still Running, its supervisor waiting for the next attempt."""
+    if report is None or report.attempt != attempt:
+        return None
+    pod = next((p for p in pods if p.index == report.node_rank and p.attempt == attempt), None)
+    name = pod.name if pod is not None else (report.pod or f"of index {report.node_rank}")
+    where = pod.where if pod is not None else ""
+    said = f"pod {name}'s trainer exited with code {report.exit_code} (reported by its supervisor"
+    if report.exit_code in set(policy.non_retryable_exit_codes):
+        return Failure(
+            Reason.NON_RETRYABLE, f"{said}), which is non-retryable "
+            "(spec.failurePolicy.nonRetryableExitCodes): fix the job's configuration",
+            retryable=False, pod=name, node=where or None, exit_code=report.exit_code,
+        )
+    return Failure(
+        Reason.POD_FAILED, f"{said}, which keeps the pod for an in-place restart)",
+        pod=name, node=where or None, exit_code=report.exit_code,
+        blamed=frozenset({where} if where else ()),
+    )
 
 
 def stalled_failure(

@@ -334,6 +334,9 @@ def _steady(
         current, expected, obs.nodes, obs.spec.failure_policy, started=True
     )
     running = len(live) == expected and all(p.phase in ("Running", "Succeeded") for p in live)
+    if failure is None and running and obs.checkpoint is not None:
+        failure = policy.reported_failure(obs.checkpoint.worker_failure, attempt, live,
+                                          obs.spec.failure_policy)
     if failure is None and running:
         failure = _hang(obs, sb, attempt)
     if failure is None and not running:

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 from topotrain import elastic
 from topotrain.api import FailurePolicy, Parallelism
-from topotrain.checkpoints import AttemptStart
+from topotrain.checkpoints import AttemptStart, WorkerFailure
 from topotrain.degrees import REASON as DEGREE_NOT_ALLOWED
 from topotrain.planning import PlanOutcome
 from topotrain.policy import (
@@ -64,6 +64,8 @@ class CheckpointView:
     # newer step on its SIGTERM (a stale commit naming an older request).
     request: str = ""
     request_step: int | None = None
+    # failure.json: a supervisor reported its own rank's failure and waits for the next attempt
+    worker_failure: WorkerFailure | None = None
 
 
 def iso(moment: datetime) -> str:

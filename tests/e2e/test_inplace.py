@@ -66,6 +66,41 @@ def test_killed_trainer_restarts_in_place_with_the_uninterrupted_losses(
     assert_losses_match(events, reference["losses"])
 
 
+def test_a_crash_reported_by_a_supervisor_with_warm_spares_keeps_every_pod(stack: Stack) -> None:
+    """training.warmSpares: the crashed pod's supervisor writes failure.json and stays up; the
+    operator restarts the gang in place with every pod kept, and every rank of the next attempt
+    is a warm spare (no interpreter starts cold)."""
+    name = "spares"
+    spec = {
+        "parallelism": {"tensor": 1, "pipeline": 1, "data": 2},
+        "worker": {"gpusPerPod": 1, "gpuTypes": ["H100-80GB"]},
+        "checkpoint": {"intervalSteps": INTERVAL, "keep": 2},
+        "failurePolicy": {"backoffSeconds": 0, "maxRestarts": 3},
+        "training": {**TRAINING, "steps": 40, "warmSpares": True},
+    }
+    stack.apply_job(name, spec)
+    wait_until(
+        lambda: bool(of_kind(stack.events(name), "checkpoint_committed"))
+        and last_step(stack.events(name)) >= INTERVAL + 1,
+        timeout=JOB_TIMEOUT, what="a committed checkpoint and a step more",
+    )  # fmt: skip
+    before = live_uids(stack, name)
+    victim = next(n for n in before if n.endswith("-1"))
+    assert faults.signal_trainer(pod_pid(stack, name, 1), signal.SIGKILL), "no trainer ranks found"
+
+    job = stack.wait_job(name, first_step_after, timeout=JOB_TIMEOUT, what="the first step after the crash")
+    status = job["status"]
+    failure = status["lastFailure"]
+    assert failure["reason"] == "PodFailed" and failure["pod"] == victim, failure
+    assert "reported by its supervisor" in failure["message"], failure
+    assert status["recovery"]["mode"] == "inPlace" and live_uids(stack, name) == before, "a pod was replaced"
+    assert of_kind(stack.events(name), "failure_reported"), "the crashed pod's supervisor reported it"
+    restarted = [e for e in of_kind(stack.events(name), "workers_started") if e["attempt"] == status["attempt"]]
+    assert len(restarted) == 2 and all(e["warm"] == 1 for e in restarted), restarted
+    stack.wait_job(name, phase_is("Succeeded"), timeout=JOB_TIMEOUT, what="Succeeded after the crash")
+    assert sorted(step_losses(stack.events(name))) == list(range(1, 41))
+
+
 def test_a_hung_trainer_is_restarted_in_place(stack: Stack) -> None:
     name = "hang"
     # Long enough that the freeze lands mid-training (a 12-step run of two 1-rank pods can finish

@@ -7,6 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from topotrain.checkpoints import WorkerFailure
 from topotrain.policy import NodeView, PodView
 from topotrain.reconcile import Decision, Observed
 from topotrain.status import Reason
@@ -119,6 +120,39 @@ def test_a_hang_restarts_every_pod_in_place_and_creates_none() -> None:
     assert d.status.last_failure.reason == Reason.PROGRESS_STALLED
     assert d.launch is None and d.delete == [] and d.relabel is not None
     assert sorted(d.relabel.pods) == [f"job-0-{i}" for i in range(4)] and d.relabel.attempt == 1
+
+
+def reported(obs: Observed, attempt: int, node_rank: int = 1, code: int = 137) -> Observed:
+    """`obs` with failure.json naming a crash of pod `node_rank` in `attempt`."""
+    assert obs.checkpoint is not None
+    report = WorkerFailure(attempt, node_rank, code, T0, pod=f"job-0-{node_rank}")
+    return replace(obs, checkpoint=replace(obs.checkpoint, worker_failure=report))
+
+
+def test_a_reported_crash_restarts_every_pod_in_place_at_once() -> None:
+    """A supervisor with warm spares reports its rank's crash and keeps its pod Running: the
+    gang restarts in place with every pod kept, nothing created, from the last commit."""
+    obs = running_inplace()
+    d, after = run(reported(obs, 0), now=T0 + timedelta(seconds=5))
+    assert d.status.last_failure is not None and d.status.last_failure.reason == Reason.POD_FAILED
+    assert "job-0-1's trainer exited with code 137" in d.status.last_failure.message
+    assert d.launch is None and d.delete == [] and d.relabel is not None
+    assert sorted(d.relabel.pods) == [f"job-0-{i}" for i in range(4)]
+    assert (d.relabel.attempt, d.relabel.resume_step) == (1, 200)
+    assert d.status.restarts_by_class is not None and d.status.restarts_by_class.application == 1
+    assert d.status.node_failures is not None and "n1" in str(d.status.node_failures)
+    # The report stays in the store: it names attempt 0, so attempt 1 is not restarted again.
+    moved = tuple(replace(p, attempt=1) for p in gang(0))
+    d2, _ = run(after, pods=moved, now=T0 + timedelta(seconds=7))
+    assert d2.relabel is None and d2.status.attempt == 1 and d2.status.restarts == 1
+
+
+def test_a_reported_non_retryable_code_fails_the_job() -> None:
+    obs = running_inplace(nonRetryableExitCodes=[78, 3])
+    d, _ = run(reported(obs, 0, code=3), now=T0 + timedelta(seconds=5))
+    assert d.status.phase == "Failed" and d.status.last_failure is not None
+    assert d.status.last_failure.reason == Reason.NON_RETRYABLE and sorted(d.delete) == [
+        f"job-0-{i}" for i in range(4)]
 
 
 def _recreates(d: Decision) -> bool:

@@ -235,3 +235,68 @@ def test_spares_are_let_go_when_the_pod_finishes(tmp_path: Path) -> None:
                      spare_delay=0.0)  # fmt: skip
     assert sup.run() == 0
     assert len(starts(tmp_path)) == 2, "a spare never became a rank"
+
+
+def reporting_supervisor(tmp_path: Path, plan: dict[str, str], reports: list[tuple[int, int]],
+                         *, fail_report: bool = False, **kwargs: float | bool) -> Supervisor:
+    def report(attempt: int, code: int) -> None:
+        if fail_report:
+            raise OSError("the checkpoint store did not answer")
+        reports.append((attempt, code))
+
+    sup = supervisor(tmp_path, plan, **kwargs)
+    sup.report = report
+    return sup
+
+
+def test_an_own_crash_with_warm_spares_is_reported_and_the_spares_take_the_next_attempt(
+    tmp_path: Path,
+) -> None:
+    write_control(tmp_path, 0)
+    plan = {"0/0": "sleep_then:9", "0/1": "sleep", "1/0": "exit:0", "1/1": "exit:0"}
+    reports: list[tuple[int, int]] = []
+    sup = reporting_supervisor(tmp_path, plan, reports, warm_spares=True, spare_delay=60.0)
+    thread, result = run_in_thread(sup)
+    wait_for(lambda: reports == [(0, 9)])
+    # The crash came before the spares were due: they are started now, for the next attempt.
+    wait_for(lambda: len(sup.spares) == 2)
+    time.sleep(0.5)
+    assert thread.is_alive(), "the supervisor stays up once the operator knows"
+    write_control(tmp_path, 1, resume="10")
+    thread.join(20)
+    assert result == [0]
+    second = starts(tmp_path)[2:]
+    assert [r["attempt"] for r in second] == [1, 1] and all(r["warm"] for r in second)
+
+
+def test_an_own_crash_fails_the_pod_when_it_cannot_be_reported(tmp_path: Path) -> None:
+    reports: list[tuple[int, int]] = []
+    plan = {"0/0": "exit:9", "0/1": "exit:0"}
+    assert reporting_supervisor(tmp_path, plan, reports, fail_report=True, warm_spares=True).run() == 9
+    # without warm spares a report buys nothing (a fresh interpreter either way): the pod fails
+    assert reporting_supervisor(tmp_path, plan, reports).run() == 9
+    assert reports == []
+
+
+def test_a_reported_crash_fails_the_pod_when_no_restart_comes(tmp_path: Path) -> None:
+    reports: list[tuple[int, int]] = []
+    sup = reporting_supervisor(tmp_path, {"0/0": "exit:9", "0/1": "exit:0"}, reports,
+                               warm_spares=True, peer_wait=0.5)  # fmt: skip
+    assert sup.run() == 9 and reports == [(0, 9)]
+
+
+def test_a_bad_configuration_is_never_reported(tmp_path: Path) -> None:
+    reports: list[tuple[int, int]] = []
+    sup = reporting_supervisor(tmp_path, {"0/0": "exit:78", "0/1": "exit:0"}, reports, warm_spares=True)
+    assert sup.run() == 78 and reports == []
+
+
+def test_a_peer_loss_before_the_spares_were_due_starts_them_for_the_next_attempt(tmp_path: Path) -> None:
+    write_control(tmp_path, 0)
+    plan = {"0/0": "exit:76", "0/1": "exit:76", "1/0": "exit:0", "1/1": "exit:0"}
+    sup = supervisor(tmp_path, plan, warm_spares=True, spare_delay=60.0)
+    thread, result = run_in_thread(sup)
+    wait_for(lambda: len(sup.spares) == 2)
+    write_control(tmp_path, 1)
+    thread.join(20)
+    assert result == [0] and all(r["warm"] for r in starts(tmp_path)[2:])

@@ -19,6 +19,13 @@ Rules, checked every `poll` seconds:
   is healthy: stay up and wait for the operator's next attempt, at most
   `peer_wait` s (then exit 76); otherwise exit with the failed worker's code
   (128 + signal for a signal), so the pod Fails and the operator sees it;
+- with warm spares and a failure reporter (`report`: the pod's checkpoint store, where
+  the operator reads `failure.json`), a worker's own failure (not a bad configuration) is
+  reported instead and the supervisor waits like a healthy pod (either wait starts the
+  spares at once if they were not due yet): the operator restarts
+  the gang in place keeping this pod too, and the spares take the ranks, so no rank of
+  the next attempt pays a fresh interpreter. If the report cannot be written, or no
+  next attempt comes within `peer_wait` s, it exits with the failed worker's code;
 - SIGTERM/SIGINT: forwarded to the workers (they may checkpoint); the supervisor
   exits when they have.
 
@@ -139,6 +146,7 @@ class Supervisor:
         warm_spares: bool = False,
         spare_delay: float = SPARE_DELAY_SECONDS,
         emit: Callable[[dict[str, object]], None] | None = None,
+        report: Callable[[int, int], None] | None = None,
     ) -> None:
         self.env, self.control = env, control
         self.worker_argv = list(worker_argv)
@@ -146,6 +154,8 @@ class Supervisor:
         self.poll, self.grace, self.settle, self.peer_wait = poll, grace, settle, peer_wait
         self.warm_spares, self.spare_delay = warm_spares, spare_delay
         self.emit = emit or _print_json
+        self.report = report  # (attempt, exit code) -> None: tell the operator, or raise
+        self.failed_code: int | None = None  # the own failure reported, while waiting
         self.stop_signal: int | None = None
         self.group: WorkerGroup | None = None
         self.spares: list[subprocess.Popen[bytes]] = []
@@ -232,21 +242,25 @@ class Supervisor:
                     self.emit({"event": "attempt_changed", "from": current.attempt,
                                "to": wanted.attempt})  # fmt: skip
                     group.stop(self.grace)
-                    current, waiting_since = wanted, None
+                    current, waiting_since, self.failed_code = wanted, None, None
                     group = self.start(current)
                     continue
                 self.start_spares_when_due()
                 if waiting_since is None:
                     verdict = self._judge(group)
+                    if verdict is not None and verdict not in (0, EXIT_PEER_LOST, EXIT_BAD_CONFIG):
+                        verdict = self._reported(current.attempt, verdict)
                     if verdict is not None and verdict != EXIT_PEER_LOST:
                         return verdict
                     if verdict == EXIT_PEER_LOST:
                         waiting_since = time.monotonic()
-                        self.emit({"event": "peer_lost", "attempt": current.attempt,
-                                   "wait_seconds": self.peer_wait})  # fmt: skip
+                        if self.spares_due is not None:
+                            self.spares_due = waiting_since  # not due yet: the next attempt needs them
+                        self.emit({"event": "peer_lost" if self.failed_code is None else "failure_reported",
+                                   "attempt": current.attempt, "wait_seconds": self.peer_wait})  # fmt: skip
                 elif time.monotonic() - waiting_since > self.peer_wait:
                     self.emit({"event": "peer_wait_expired", "attempt": current.attempt})
-                    return EXIT_PEER_LOST
+                    return EXIT_PEER_LOST if self.failed_code is None else self.failed_code
                 time.sleep(self.poll)
         finally:
             self.release_spares()
@@ -272,6 +286,19 @@ class Supervisor:
         self.emit({"event": "workers_failed", "attempt": group.attempt, "exit_code": code,
                    "codes": [None if c is None else exit_status(c) for c in codes]})  # fmt: skip
         return code
+
+    def _reported(self, attempt: int, code: int) -> int:
+        """An own worker failed with `code`: EXIT_PEER_LOST (wait for the next attempt) once the
+        operator is told and a warm spare can take over, else `code` (the pod fails)."""
+        if self.report is None or not self.warm_spares:
+            return code
+        try:
+            self.report(attempt, code)
+        except Exception as err:  # the store is unreachable: the pod's failure tells the operator
+            self.emit({"event": "failure_report_failed", "attempt": attempt, "error": str(err)[:300]})
+            return code
+        self.failed_code = code
+        return EXIT_PEER_LOST
 
     def _forward_stop(self, group: WorkerGroup) -> int:
         """The pod is being stopped: pass the signal on and wait for the workers (they may save)."""
@@ -309,6 +336,24 @@ def _print_json(event: dict[str, object]) -> None:
     print(json.dumps({**event, "source": "supervisor"}), flush=True)
 
 
+def store_reporter(env: TrainerEnv, pod: str) -> Callable[[int, int], None] | None:
+    """Reports an own worker's failure to the job's checkpoint store (failure.json), where the
+    operator reads it; None without a checkpoint store."""
+    if not env.checkpoint_uri:
+        return None
+
+    def report(attempt: int, code: int) -> None:
+        from datetime import UTC, datetime
+
+        from topotrain.checkpoints import CheckpointStore, WorkerFailure
+
+        CheckpointStore(env.checkpoint_uri).write_failure(
+            WorkerFailure(attempt, env.node_rank, code, datetime.now(UTC), pod))
+
+    return report
+
+
 def supervise(env: TrainerEnv, control: Path, *, warm_spares: bool = False) -> int:
     return Supervisor(env, control, peer_wait=peer_wait_seconds(os.environ), warm_spares=warm_spares,
-                      spare_delay=_seconds(os.environ, SPARE_DELAY_ENV, SPARE_DELAY_SECONDS)).run()  # fmt: skip
+                      spare_delay=_seconds(os.environ, SPARE_DELAY_ENV, SPARE_DELAY_SECONDS),
+                      report=store_reporter(env, os.environ.get("HOSTNAME", ""))).run()  # fmt: skip
