@@ -2,9 +2,10 @@
 
 The kopf daemon of each job runs `JobLoop.run`: a pass, then a wait until a
 watch event wakes it (its pods, a node, freed capacity) or the pass's requeue
-time or the idle interval passes. Planning and pod creation happen under one
-process-wide lock, with the pods a decision creates recorded in the ledger before
-the lock is released, so concurrent jobs never plan onto the same free GPUs. The
+time or the idle interval passes. A decision that plans or creates pods is made
+under one process-wide lock, with the pods it creates recorded in the ledger before
+the lock is released, so concurrent jobs never plan onto the same free GPUs; every
+other pass (most of them: a Running job's heartbeat) decides without it. The
 decision runs in a worker thread; no API or S3 call is made under the lock.
 """
 
@@ -161,6 +162,11 @@ class LazyPlanner:
         self._make = make
         self._planner: PlacementPlanner | None = None
 
+    @property
+    def used(self) -> bool:
+        """The reconciler asked for a plan (its inventory was built)."""
+        return self._planner is not None
+
     def _get(self) -> PlacementPlanner:
         if self._planner is None:
             self._planner = self._make()
@@ -229,10 +235,17 @@ class JobLoop:
         # watches and probes). The launch's pods are recorded in the ledger before the lock is
         # released, so another job's plan never takes their GPUs; the status write and the pod
         # changes run after it, so one job's slow API call never holds up every other job.
-        for fresh_read in (False, True):
+        # Most passes (a Running job's heartbeat, a job that waits) plan nothing and create no
+        # pods: they decide without the lock, so they never queue behind another job's large
+        # plan. A decision that planned, launches pods or restarts in place is made again under
+        # the lock, on the index as it is then.
+        node_list, pod_list = _values(nodes), self.op.ghosts.drop(_values(pods))
+        decision, nodes_used, claims = await asyncio.to_thread(
+            self._decide, spec, status, node_list, pod_list, ckpt, table, problem)
+        for fresh_read in (False, True) if claims or decision.relabel is not None else ():
             async with self.op.plan_lock:
                 node_list, pod_list = _values(nodes), self.op.ghosts.drop(_values(pods))
-                decision, nodes_used = await asyncio.to_thread(
+                decision, nodes_used, _ = await asyncio.to_thread(
                     self._decide, spec, status, node_list, pod_list, ckpt, table, problem)
                 stale = (spec.checkpoint is not None and not fresh_read
                          and (decision.launch is not None or decision.relabel is not None)
@@ -286,16 +299,18 @@ class JobLoop:
     def _decide(self, spec: TrainingJobSpec, status: TrainingJobStatus,
                 nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
                 ckpt: CheckpointView | None, table: rec.RankTable | None,
-                problem: tuple[str, str] | None) -> tuple[rec.Decision, frozenset[str]]:
-        """Snapshot and decide (pure, CPU only): run in a worker thread under the plan lock.
-        Also returns the nodes the job's pods are on or planned for (what wakes it)."""
+                problem: tuple[str, str] | None) -> tuple[rec.Decision, frozenset[str], bool]:
+        """Snapshot and decide (pure, CPU only): run in a worker thread. Also returns the nodes
+        the job's pods are on or planned for (what wakes it), and whether the decision claims
+        free GPUs (it planned, or launches pods): only such a decision needs the plan lock."""
         snapshot = Snapshot.take(nodes, pods, self.op.ledger)
         obs = self._observed(spec, status, snapshot, ckpt, table, problem)
         decision = rec.reconcile(obs)
         used = {p.node or p.planned_node for p in obs.pods}
         if decision.launch is not None:
             used |= set(decision.launch.assignments.values())
-        return decision, frozenset(used - {""})
+        planned = any(isinstance(p, LazyPlanner) and p.used for p in (obs.planner, obs.unavoiding_planner))
+        return decision, frozenset(used - {""}), planned or decision.launch is not None
 
     def _observed(self, spec: TrainingJobSpec, status: TrainingJobStatus, snapshot: Snapshot,
                   ckpt: CheckpointView | None, table: rec.RankTable | None,

@@ -116,3 +116,24 @@ def test_a_resync_that_finds_a_ghost_wakes_its_job_and_the_jobs_waiting_for_capa
     op.wakers[old].clear()
     asyncio.run(op.resync_if_due(Index(all=[ghost])))  # type: ignore[arg-type]
     assert Lists.calls == 2 and not op.wakers[old].is_set()  # the next one waits its interval
+
+
+def test_only_a_decision_that_claims_gpus_needs_the_plan_lock() -> None:
+    """JobLoop._decide says whether the decision planned or launches pods: only then is it made
+    again under the process-wide lock; a Running job's pass never waits for another's plan."""
+    from topotrain.handlers_jobs import JobLoop
+
+    from tests.unit.test_ownership import SPEC as GANG
+    from tests.unit.test_ownership import job_pod, node
+
+    op = Operator(settings=Settings(), kube=None)  # type: ignore[arg-type]
+    body = {"metadata": {"name": "llm", "namespace": "team", "uid": "uid-1", "generation": 1},
+            "spec": GANG.model_dump(by_alias=True, exclude_none=True)}  # fmt: skip
+    loop = JobLoop(op, ("team", "llm"), body)  # type: ignore[arg-type]
+    nodes = [node("n0"), node("n1"), node("n2")]
+    new, _, claims = loop._decide(GANG, TrainingJobStatus(), nodes, [], None, None, None)
+    assert new.launch is not None and claims, "a new job plans and creates its gang"
+    pods = [job_pod("uid-1", 0, i, node_name) for i, node_name in sorted(new.launch.assignments.items())]
+    running, used, claims = loop._decide(GANG, new.status, nodes, pods, None, None, None)
+    assert running.launch is None and not claims and running.status.phase == "Running"
+    assert used == frozenset(new.launch.assignments.values())
