@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,6 +181,30 @@ def node_view(node: Mapping[str, Any]) -> NodeView:
     return NodeView(str(node["metadata"]["name"]), ready=ready, cordoned=cordoned)
 
 
+class NodeViews(Mapping[str, NodeView]):
+    """Node name -> NodeView of every node, each parsed when first looked up: a pass looks at
+    the nodes of one job's pods, not at the whole fleet."""
+
+    def __init__(self, nodes: Iterable[Mapping[str, Any]]) -> None:
+        self._raw = {str(n["metadata"]["name"]): n for n in nodes}
+        self._views: dict[str, NodeView] = {}
+
+    def __getitem__(self, name: str) -> NodeView:
+        view = self._views.get(name)
+        if view is None:
+            view = self._views[name] = node_view(self._raw[name])
+        return view
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._raw
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+
 DEFAULT_GRACE_SECONDS = 30.0  # Kubernetes' default terminationGracePeriodSeconds
 
 
@@ -298,25 +322,27 @@ class Ghosts:
 
 @dataclass
 class Snapshot:
-    """One consistent look at the cluster, taken under the planning lock."""
+    """One consistent look at the cluster (the watch indexes at one moment, with the ledger)."""
 
-    nodes: list[dict[str, Any]]
-    pods: list[dict[str, Any]]  # every GPU pod, including ledger entries not yet watched
+    nodes: list[Mapping[str, Any]]
+    pods: list[Mapping[str, Any]]  # every GPU pod, including ledger entries not yet watched
 
     @classmethod
     def take(cls, nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
              ledger: Ledger) -> Snapshot:
-        pod_list = [dict(p) for p in pods]
+        # The index's slim dicts as they are (nothing here writes to them): a pass of a 5,000-node
+        # fleet copies no node and no pod.
+        pod_list = list(pods)
         seen = [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in pod_list]
         pod_list += [slim for _, slim in ledger.unseen(seen)]
-        return cls(nodes=[dict(n) for n in nodes], pods=pod_list)
+        return cls(nodes=list(nodes), pods=pod_list)
 
     def job_pods(self, job: JobKey, uid: str | None = None) -> tuple[PodView, ...]:
         views = (pod_view(p) for p in self.pods if belongs(p, job, uid))
         return tuple(sorted((v for v in views if v is not None), key=lambda v: (v.attempt, v.index)))
 
-    def node_views(self) -> dict[str, NodeView]:
-        return {v.name: v for v in map(node_view, self.nodes)}
+    def node_views(self) -> NodeViews:
+        return NodeViews(self.nodes)
 
     def reserved(self, job: JobKey, uid: str | None = None) -> dict[str, int]:
         """GPUs promised to other jobs' pods that are not bound yet (gated or just created)."""
@@ -358,10 +384,9 @@ class Snapshot:
         """
         if not uid:
             return None
-        for pod in sorted(self.pods, key=lambda p: str(p["metadata"]["name"])):
+        namesakes = [p for p in self.pods if job_of(p) == job and not owned_by(p["metadata"], uid)]
+        for pod in sorted(namesakes, key=lambda p: str(p["metadata"]["name"])):
             meta = pod["metadata"]
-            if job_of(pod) != job or owned_by(meta, uid):
-                continue
             if (meta.get("labels") or {}).get(ATTEMPT_LABEL) in (str(attempt), str(attempt + 1)):
                 message = foreign_message("Pod", job[0], str(meta["name"]), controller_owner(meta),
                                           job[1], terminating=bool(meta.get("deletionTimestamp")))
