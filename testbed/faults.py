@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
-from topotrain_trainer.supervisor import SPARE_COMM
+from topotrain_trainer._procname import SPARE_COMM
 
 from testbed.kube import api_client, core_v1
 

@@ -109,7 +109,7 @@ def test_a_hung_trainer_is_restarted_in_place(stack: Stack) -> None:
         "parallelism": {"tensor": 1, "pipeline": 1, "data": 2},
         "worker": {"gpusPerPod": 1, "gpuTypes": ["H100-80GB"]},
         "checkpoint": {"intervalSteps": INTERVAL, "keep": 2},
-        "failurePolicy": {"backoffSeconds": 0, "maxRestarts": 3, "progressTimeoutSeconds": 60},
+        "failurePolicy": {"backoffSeconds": 0, "maxRestarts": 3, "progressTimeoutSeconds": 30},
         "training": {**TRAINING, "steps": 60},
     }
     stack.apply_job(name, spec)

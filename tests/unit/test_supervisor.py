@@ -300,3 +300,21 @@ def test_a_peer_loss_before_the_spares_were_due_starts_them_for_the_next_attempt
     write_control(tmp_path, 1)
     thread.join(20)
     assert result == [0] and all(r["warm"] for r in starts(tmp_path)[2:])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc/self/comm")
+def test_a_spare_takes_its_process_name_before_torch_loads() -> None:
+    """Fault injectors and `ps` tell a waiting spare from a rank by its name; a spare still
+    importing torch under its interpreter's name was taken for a rank (a SIGSTOPped spare then
+    took the next attempt and hung it: bench/recovery.py --first-step --warm-spares)."""
+    import ast
+
+    main = Path(__file__).parents[2] / "trainer_image" / "topotrain_trainer" / "__main__.py"
+    ours = [n.module for n in ast.parse(main.read_text()).body
+            if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("topotrain_trainer")]  # fmt: skip
+    assert ours[0] == "topotrain_trainer._procname", ours
+    probe = ("import sys, topotrain_trainer._procname; "
+             "print(open('/proc/self/comm').read().strip(), 'torch' in sys.modules)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "TOPOTRAIN_WARM_SPARE": "1"},
+                         capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    assert out == ["topotrain-spare", "False"]

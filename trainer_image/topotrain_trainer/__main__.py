@@ -23,10 +23,12 @@ from pathlib import Path
 
 from topotrain.contract import ContractError, TrainerEnv, control_path, read_control, with_control
 
+# first of the trainer's imports: a warm spare takes its process name before torch loads
+from topotrain_trainer._procname import SPARE_ENV, set_process_name
 from topotrain_trainer.config import EXIT_BAD_CONFIG, EXIT_PEER_LOST, ConfigError, TrainingConfig
 from topotrain_trainer.data import check_vocab
 from topotrain_trainer.model import model_config
-from topotrain_trainer.supervisor import SPARE_COMM, SPARE_ENV, await_activation
+from topotrain_trainer.supervisor import await_activation
 
 
 def load() -> tuple[TrainerEnv, TrainingConfig]:
@@ -43,27 +45,16 @@ def warm_spare() -> int:
     """A supervisor's warm spare: import what a rank imports, wait to be told which rank of
     which attempt to be (`supervisor.await_activation`), then train as that rank."""
     die_with_parent()
-    _process_name(SPARE_COMM)  # `ps -o comm`, top and fault injectors tell waiting spares apart
     import topotrain_trainer.train  # noqa: F401  torch, the model, the checkpointing: the slow part
 
     env = await_activation()
     if env is None:
         return 0  # let go: the supervisor exits or no longer needs it
-    _process_name("python")
+    set_process_name("python")
     os.environ.clear()
     os.environ.update(env)
     os.environ.pop(SPARE_ENV, None)
     return main([])
-
-
-def _process_name(name: str) -> None:
-    """The kernel's name of this process (/proc/self/comm, 15 bytes), on Linux."""
-    if sys.platform != "linux":
-        return
-    import ctypes
-
-    pr_set_name = 15
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_name, name.encode()[:15], 0, 0, 0)
 
 
 def torchrun_argv(env: TrainerEnv) -> list[str]:

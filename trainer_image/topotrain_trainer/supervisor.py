@@ -61,6 +61,8 @@ from typing import IO
 
 from topotrain.contract import ContractError, TrainerEnv, read_control, with_control
 
+from topotrain_trainer._procname import SPARE_ENV
+
 EXIT_PEER_LOST = 76  # kept equal to topotrain_trainer.config.EXIT_PEER_LOST (no torch import here)
 EXIT_BAD_CONFIG = 78
 POLL_SECONDS = 0.5
@@ -68,8 +70,6 @@ ATTEMPT_GRACE_SECONDS = 3.0  # an abandoned attempt's workers have nothing worth
 SETTLE_SECONDS = 5.0  # after a first worker failure, how long the others get to fail too
 PEER_WAIT_SECONDS = 600.0
 PEER_WAIT_ENV = "TOPOTRAIN_PEER_WAIT_SECONDS"
-SPARE_ENV = "TOPOTRAIN_WARM_SPARE"  # "1": the process is a warm spare (await_activation)
-SPARE_COMM = "topotrain-spare"  # a waiting spare's process name (/proc/PID/comm)
 SPARE_DELAY_SECONDS = 30.0  # after a group starts: its own start (imports, rendezvous) goes first
 SPARE_DELAY_ENV = "TOPOTRAIN_WARM_SPARE_DELAY_SECONDS"
 
