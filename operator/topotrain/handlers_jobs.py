@@ -230,15 +230,15 @@ class JobLoop:
         owned, table = await asyncio.to_thread(
             self.observer.children, self.key, self.actuator.problem is not None)
         problem = problem or owned
-        # Only the decision is made under the process-wide lock (in a worker thread: building the
-        # inventory and planning a large gang take long, and kopf's event loop must keep serving
-        # watches and probes). The launch's pods are recorded in the ledger before the lock is
-        # released, so another job's plan never takes their GPUs; the status write and the pod
-        # changes run after it, so one job's slow API call never holds up every other job.
-        # Most passes (a Running job's heartbeat, a job that waits) plan nothing and create no
-        # pods: they decide without the lock, so they never queue behind another job's large
-        # plan. A decision that planned, launches pods or restarts in place is made again under
-        # the lock, on the index as it is then.
+        # Decisions run in a worker thread (building the inventory and planning a large gang take
+        # long, and kopf's event loop must keep serving watches and probes). Most passes (a
+        # Running job's heartbeat, a job that waits) plan nothing and create no pods: they decide
+        # without the process-wide lock, so they never queue behind another job's large plan. A
+        # decision that planned, launches pods or restarts in place is made again under the lock,
+        # on the index as it is then, and only the decision: the launch's pods are recorded in the
+        # ledger before the lock is released, so another job's plan never takes their GPUs; the
+        # status write and the pod changes run after it, so one job's slow API call never holds
+        # up every other job.
         node_list, pod_list = _values(nodes), self.op.ghosts.drop(_values(pods))
         decision, nodes_used, claims = await asyncio.to_thread(
             self._decide, spec, status, node_list, pod_list, ckpt, table, problem)

@@ -31,12 +31,10 @@ from tests.e2e.jobs import (
 )
 
 
-@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "recreate"])
-def test_killed_trainer_restarts_in_place_with_the_uninterrupted_losses(
-    stack: Stack, reference: dict[str, Any], in_place: bool
-) -> None:
-    name = "crash"
-    stack.apply_job(name, spec_3d(restartInPlace=in_place))
+def crash_pod_one(stack: Stack, name: str) -> tuple[dict[str, str], str, dict[str, Any]]:
+    """Once a checkpoint is committed and a step more trained, SIGKILL the trainer ranks of the
+    pod of index 1 and wait for the restart's first step: (pod UIDs before, the victim's name,
+    the job's status then)."""
     wait_until(
         lambda: bool(of_kind(stack.events(name), "checkpoint_committed"))
         and last_step(stack.events(name)) >= INTERVAL + 1,
@@ -45,9 +43,17 @@ def test_killed_trainer_restarts_in_place_with_the_uninterrupted_losses(
     before = live_uids(stack, name)
     victim = next(n for n in before if n.endswith("-1"))
     assert faults.signal_trainer(pod_pid(stack, name, 1), signal.SIGKILL), "no trainer ranks found"
-
     job = stack.wait_job(name, first_step_after, timeout=JOB_TIMEOUT, what="the first step after the crash")
-    status = job["status"]
+    return before, victim, job["status"]
+
+
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "recreate"])
+def test_killed_trainer_restarts_in_place_with_the_uninterrupted_losses(
+    stack: Stack, reference: dict[str, Any], in_place: bool
+) -> None:
+    name = "crash"
+    stack.apply_job(name, spec_3d(restartInPlace=in_place))
+    before, victim, status = crash_pod_one(stack, name)
     assert status["lastFailure"]["reason"] == "PodFailed" and status["lastFailure"]["pod"] == victim
     after = live_uids(stack, name)
     if in_place:
@@ -79,17 +85,7 @@ def test_a_crash_reported_by_a_supervisor_with_warm_spares_keeps_every_pod(stack
         "training": {**TRAINING, "steps": 40, "warmSpares": True},
     }
     stack.apply_job(name, spec)
-    wait_until(
-        lambda: bool(of_kind(stack.events(name), "checkpoint_committed"))
-        and last_step(stack.events(name)) >= INTERVAL + 1,
-        timeout=JOB_TIMEOUT, what="a committed checkpoint and a step more",
-    )  # fmt: skip
-    before = live_uids(stack, name)
-    victim = next(n for n in before if n.endswith("-1"))
-    assert faults.signal_trainer(pod_pid(stack, name, 1), signal.SIGKILL), "no trainer ranks found"
-
-    job = stack.wait_job(name, first_step_after, timeout=JOB_TIMEOUT, what="the first step after the crash")
-    status = job["status"]
+    before, victim, status = crash_pod_one(stack, name)
     failure = status["lastFailure"]
     assert failure["reason"] == "PodFailed" and failure["pod"] == victim, failure
     assert "reported by its supervisor" in failure["message"], failure
