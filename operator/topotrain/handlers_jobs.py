@@ -25,8 +25,10 @@ from pydantic import ValidationError
 
 from topotrain import reconcile as rec
 from topotrain.api import TrainingJobSpec
+from topotrain.fleet import Fleet
 from topotrain.handlers_act import Actuator
 from topotrain.handlers_observe import Observer
+from topotrain.handlers_queue import QueueLink, QueueView, queue_name
 from topotrain.kube import Kube
 from topotrain.manifests import template_hash
 from topotrain.metrics import METRICS
@@ -71,6 +73,7 @@ class Operator:
     kube: Kube
     ledger: Ledger = field(default_factory=Ledger)
     ghosts: Ghosts = field(default_factory=Ghosts)
+    fleet: Fleet | None = None  # free GPUs kept from the watch (main.py feeds it); None: recounted
     plan_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     wakers: dict[JobKey, asyncio.Event] = field(default_factory=dict)
     # The status each job's loop last wrote, with the uid of the object it wrote it to: a job
@@ -189,6 +192,8 @@ class JobLoop:
         self.observer = Observer(op.kube, op.settings, self.uid)
         self.actuator = Actuator(op.kube, op.settings, op.ledger)
         self.last_refusal: datetime | None = None
+        self.queue = QueueLink(op.kube, key, self.uid, op.settings.labels)
+        self.queue_view: QueueView | None = None  # this pass's reading of the Kueue Workload
 
     async def run(self, stopped: kopf.DaemonStopped, pods: kopf.Index[str, Any],
                   nodes: kopf.Index[str, Any]) -> None:
@@ -226,6 +231,11 @@ class JobLoop:
             spec = TrainingJobSpec.model_validate(dict(self.body.get("spec") or {}))
         except ValidationError as exc:
             return await self._invalid_spec(status, str(exc).splitlines()[0:3])
+        view = self.queue_view = None
+        if queue_name(self.body) is not None:
+            view = self.queue_view = await asyncio.to_thread(
+                self.queue.observe, self.body, spec, status.phase in ("Succeeded", "Failed"))
+            spec = _admitted_spec(spec, view)
         problem, ckpt = await asyncio.to_thread(self.observer.checkpoint, self.key, spec, status)
         owned, table = await asyncio.to_thread(
             self.observer.children, self.key, self.actuator.problem is not None)
@@ -291,6 +301,8 @@ class JobLoop:
                      decision.status.phase, len(decision.delete),
                      f"attempt {launch.attempt} x{len(launch.only or launch.assignments)}" if launch else "-",
                      len(decision.release), decided - started, written - decided, acted - written)
+        if view is not None:
+            await self._settle_queue(view, decision)
         self._observe_metrics(decision, ckpt)
         self.op.note(self.key, wants_capacity(decision.status, spec), nodes_used)
         METRICS.reconcile.observe(time.perf_counter() - started)
@@ -303,7 +315,7 @@ class JobLoop:
         """Snapshot and decide (pure, CPU only): run in a worker thread. Also returns the nodes
         the job's pods are on or planned for (what wakes it), and whether the decision claims
         free GPUs (it planned, or launches pods): only such a decision needs the plan lock."""
-        snapshot = Snapshot.take(nodes, pods, self.op.ledger)
+        snapshot = Snapshot.take(nodes, pods, self.op.ledger, self.op.fleet, self.op.ghosts.current())
         obs = self._observed(spec, status, snapshot, ckpt, table, problem)
         decision = rec.reconcile(obs)
         used = {p.node or p.planned_node for p in obs.pods}
@@ -319,11 +331,13 @@ class JobLoop:
         tolerations = [t.to_wire() for t in spec.worker.tolerations]
 
         avoid = avoided_nodes(status.node_failures)
+        view = self.queue_view
+        # Under Kueue, only the nodes of the admitted ResourceFlavor.
+        selector = {**spec.worker.node_selector, **view.node_labels} if view else spec.worker.node_selector
 
         def make(avoiding: frozenset[str]) -> Callable[[], PlacementPlanner]:
             def build() -> PlacementPlanner:
-                inventory = snapshot.inventory(self.key, labels, tolerations,
-                                               spec.worker.node_selector, avoiding,
+                inventory = snapshot.inventory(self.key, labels, tolerations, selector, avoiding,
                                                uid=self.uid or None)  # fmt: skip
                 return PlacementPlanner(spec, inventory)
             return build
@@ -339,7 +353,15 @@ class JobLoop:
             strategy=self.op.settings.recovery, last_refusal=self.last_refusal,
             template=template_hash(spec), move_off_cordoned=self.op.settings.move_off_cordoned,
             checkpoint_request_timeout=self.op.settings.checkpoint_request_timeout,
+            queue=view.gate if view else None,
         )
+
+    async def _settle_queue(self, view: QueueView, decision: rec.Decision) -> None:
+        """Give back an evicted job's quota once its pods are gone; delete a finished job's Workload."""
+        if decision.release_quota:
+            await asyncio.to_thread(self.queue.release, view)
+        if decision.status.phase in ("Succeeded", "Failed") and view.workload is not None:
+            await asyncio.to_thread(self.queue.finish, view)
 
     def _took_over(self, status: TrainingJobStatus) -> None:
         """status.resumedFrom, and one Event, once the job took over another run's checkpoints."""
@@ -422,10 +444,20 @@ def wants_capacity(status: TrainingJobStatus, spec: TrainingJobSpec) -> bool:
     needs neither (un-suspending is a spec change, which wakes the job itself)."""
     if status.phase in ("Succeeded", "Failed", "Suspended"):
         return False
+    admitted = status.condition(ConditionType.ADMITTED)
+    if admitted is not None and admitted.status != "True":
+        return False  # Kueue decides when it may start; its Workload's events wake it
     if status.phase != "Running":
         return True
     running = status.parallelism.data if status.parallelism else None
     return running is not None and running < spec.parallelism.data
+
+
+def _admitted_spec(spec: TrainingJobSpec, view: QueueView | None) -> TrainingJobSpec:
+    """The spec at the data degree Kueue admitted (a partial admission admits fewer pods)."""
+    if view is None or view.data is None or view.data == spec.parallelism.data:
+        return spec
+    return spec.model_copy(update={"parallelism": spec.parallelism.model_copy(update={"data": view.data})})
 
 
 def _values(index: kopf.Index[str, Any]) -> Iterable[Mapping[str, Any]]:

@@ -23,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 
 from topotrain import GROUP, PLURAL, VERSION
 from topotrain.contract import ACCESS_KEY_ID, SECRET_ACCESS_KEY
+from topotrain.kueue import KUEUE_GROUP, KUEUE_VERSION
 from topotrain.manifests import FIELD_OWNER, parse_rank_table, rank_table_name
 from topotrain.ownership import ForeignObject, controller_owner, foreign_message, owned_by
 from topotrain.reconcile import RankTable
@@ -313,6 +314,73 @@ class Kube:
         binary = {k: v.decode() if isinstance(v, bytes) else v for k, v in (cm.binary_data or {}).items()}
         parsed = parse_rank_table({**(cm.data or {}), **binary})
         return None if parsed is None else RankTable(*parsed)
+
+    # --- Kueue (handlers_queue.py) ---------------------------------------------
+
+    def workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._custom_get(namespace, name, "workloads")
+
+    def create_workload(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """Create the job's Workload; AlreadyExists returns the one there (the caller checks
+        whose it is)."""
+        meta = manifest["metadata"]
+        try:
+            return cast(dict[str, Any], self.custom.create_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, meta["namespace"], "workloads", dict(manifest),
+                field_manager=FIELD_OWNER))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        found = self.workload(meta["namespace"], meta["name"])
+        if found is None:
+            raise RuntimeError(f"Workload {meta['namespace']}/{meta['name']} exists and then does not")
+        return found
+
+    def delete_workload(self, namespace: str, name: str, uid: str) -> None:
+        """Delete the Workload `uid` (a namesake created meanwhile stays; gone is fine)."""
+        try:
+            self.custom.delete_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", name,
+                body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
+                propagation_policy="Background")
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+
+    def patch_workload(self, namespace: str, name: str, patch: Mapping[str, Any],
+                       status: bool = False) -> None:
+        """A JSON merge patch on the Workload (its status subresource with `status`)."""
+        call = (self.custom.patch_namespaced_custom_object_status if status
+                else self.custom.patch_namespaced_custom_object)
+        call(KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", name, dict(patch),
+             field_manager=FIELD_OWNER, _content_type="application/merge-patch+json")
+
+    def resource_flavor(self, name: str) -> dict[str, Any] | None:
+        try:
+            return cast(dict[str, Any], self.custom.get_cluster_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, "resourceflavors", name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def priority_value(self, name: str) -> int | None:
+        """The value of PriorityClass `name`; None when it does not exist."""
+        try:
+            return int(client.SchedulingV1Api(self.api).read_priority_class(name).value or 0)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _custom_get(self, namespace: str, name: str, plural: str) -> dict[str, Any] | None:
+        try:
+            return cast(dict[str, Any], self.custom.get_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, namespace, plural, name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     # --- the checkpoint Secret -----------------------------------------------
 

@@ -38,8 +38,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from topotrain.api import TrainingJobSpec
+from topotrain.degrees import limits_for
+from topotrain.elastic import bounds, pods_for, valid_degrees
 from topotrain.manifests import CONTAINER, JobMeta, owner_reference
 from topotrain.placement.request import GangRequest, Mesh
+from topotrain.reconcile import QueueGate
 from topotrain.topology import GPU_RESOURCE, TopologyLevels
 
 KUEUE_GROUP = "kueue.x-k8s.io"
@@ -323,3 +326,75 @@ def _explanation(
         if kind in conditions:
             return conditions[kind].get("reason"), conditions[kind].get("message")
     return None, None
+
+
+# --- acting on Kueue's decision (handlers_queue.py does the I/O) -------------------------
+
+REQUEUED = "Requeued"
+# Evictions after which Kueue's own job controllers mark the Workload Requeued=True, so it
+# goes back to its queue at once; after any other (a deactivation, a stopped queue) it waits.
+_REQUEUE_REASONS = ("Preempted", "NodeFailures")
+
+
+def gate(workload: Mapping[str, Any], resource: str = GPU_RESOURCE) -> QueueGate:
+    """What the reconciler needs of Kueue's decision: may the gang run, must it stop, and why."""
+    admission = admission_of(workload, resource)
+    if admission is None or not (admission.admitted or admission.evicted):
+        return QueueGate(admitted=False, message=pending_message(workload))
+    where = f"ClusterQueue {admission.cluster_queue}" if admission.cluster_queue else "its ClusterQueue"
+    if admission.evicted:
+        why = f"{admission.reason}: {admission.message}" if admission.message else str(admission.reason)
+        return QueueGate(admitted=admission.admitted, evicted=True, reason=str(admission.reason or ""),
+                         message=f"evicted by Kueue from {where} ({why})")
+    flavors = ", ".join(admission.flavors) or "no GPU flavor"
+    return QueueGate(admitted=True, message=f"admitted by Kueue in {where} (flavor {flavors}, "
+                     f"{admission.count} pods)")
+
+
+def admitted_data(spec: TrainingJobSpec, pods: int | None) -> int | None:
+    """The data degree Kueue's admission of `pods` pods allows: the job's own degree when all of
+    them were admitted, else the largest allowed degree (elastic.valid_degrees) that fits a
+    partial admission; None when none fits (Kueue admitted fewer than minCount: never expected)."""
+    par, per_pod = spec.parallelism, spec.worker.gpus_per_pod
+    if pods is None or pods >= pods_for(par, par.data, per_pod):
+        return par.data
+    low, high = bounds(par)
+    fitting = [d for d in valid_degrees(par, per_pod, low, high, limits_for(spec))
+               if pods_for(par, d, per_pod) <= pods]
+    return fitting[0] if fitting else None
+
+
+def release_status(workload: Mapping[str, Any], now: str) -> dict[str, Any]:
+    """The status merge patch that gives an evicted Workload's quota back once its gang is gone,
+    as Kueue's own job controllers do: QuotaReserved and Admitted False, no admission, and
+    Requeued True after a preemption or node failures (so Kueue queues it again at once)."""
+    status = workload.get("status") or {}
+    conditions = {str(c.get("type")): dict(c) for c in status.get("conditions") or []}
+    evicted = conditions.get(EVICTED, {})
+    message = str(evicted.get("message") or "evicted")[:32768]
+    generation = (workload.get("metadata") or {}).get("generation")
+
+    def put(kind: str, value: bool, reason: str) -> None:
+        old = conditions.get(kind, {})
+        wanted = "True" if value else "False"
+        changed = old.get("status") != wanted
+        conditions[kind] = {
+            "type": kind, "status": wanted, "reason": reason, "message": message,
+            "lastTransitionTime": now if changed else old.get("lastTransitionTime", now),
+            **({"observedGeneration": generation} if generation is not None else {}),
+        }
+
+    put(REQUEUED, evicted.get("reason") in _REQUEUE_REASONS, str(evicted.get("reason") or "Evicted"))
+    put(QUOTA_RESERVED, False, "Pending")
+    if ADMITTED in conditions:
+        put(ADMITTED, False, "NoReservation")
+    return {"status": {"admission": None, "conditions": list(conditions.values())}}
+
+
+def flavor_node_labels(flavors: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """The node labels of the admitted ResourceFlavors: the operator plans only on nodes that
+    carry them (one GPU flavor per podSet in practice; with several, nodes must match all)."""
+    labels: dict[str, str] = {}
+    for flavor in flavors:
+        labels.update({str(k): str(v) for k, v in ((flavor.get("spec") or {}).get("nodeLabels") or {}).items()})
+    return labels

@@ -14,10 +14,13 @@ from typing import Any
 
 import kopf
 
-from topotrain import GROUP, PLURAL, VERSION
+from topotrain import GROUP, KIND, PLURAL, VERSION
+from topotrain.fleet import Fleet
 from topotrain.handlers_jobs import JobLoop, Operator
 from topotrain.kube import Kube, load_config
+from topotrain.kueue import KUEUE_GROUP, KUEUE_VERSION
 from topotrain.metrics import METRICS
+from topotrain.ownership import controller_owner
 from topotrain.settings import Settings, add_arguments
 from topotrain.snapshot import job_of, requests_gpus, slim_node, slim_pod
 
@@ -30,7 +33,7 @@ _GENERATION_SEEN: dict[str, Any] = {}  # TrainingJob uid -> the metadata.generat
 
 def _operator() -> Operator:
     if "op" not in STATE:
-        STATE["op"] = Operator(settings=SETTINGS, kube=Kube())
+        STATE["op"] = Operator(settings=SETTINGS, kube=Kube(), fleet=Fleet(SETTINGS.labels))
     return STATE["op"]
 
 
@@ -57,19 +60,29 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     log.info("topotrain operator: %s", SETTINGS)
 
 
+# The index handlers are async, so they run in the event loop (a sync one takes a trip through
+# kopf's thread pool for every event); they also keep the fleet's free-GPU counts, before kopf
+# stores the object (fleet.py).
 @kopf.index("nodes")
-def nodes_index(body: kopf.Body, **_: Any) -> dict[str, Any]:
-    return {"all": slim_node(body)}
+async def nodes_index(body: kopf.Body, **_: Any) -> dict[str, Any]:
+    slim = slim_node(body)
+    if (op := STATE.get("op")) is not None and op.fleet is not None:
+        op.fleet.node_seen(slim)
+    return {"all": slim}
 
 
 @kopf.index("pods", when=lambda body, **_: requests_gpus(body))
-def gpu_pods_index(body: kopf.Body, **_: Any) -> dict[str, Any]:
-    return {"all": slim_pod(body)}
+async def gpu_pods_index(body: kopf.Body, **_: Any) -> dict[str, Any]:
+    slim = slim_pod(body)
+    if (op := STATE.get("op")) is not None and op.fleet is not None:
+        op.fleet.pod_seen(slim)
+    return {"all": slim}
 
 
 @kopf.on.event("pods", when=lambda body, **_: requests_gpus(body))
 async def pod_event(body: kopf.Body, type: str | None, **_: Any) -> None:
     # async: it runs in the event loop, where the loops' asyncio.Events may be set
+    METRICS.watch_events.labels("pods").inc()
     op = STATE.get("op")
     if op is None:
         return
@@ -78,6 +91,8 @@ async def pod_event(body: kopf.Body, type: str | None, **_: Any) -> None:
         op.wake(key)
     if type == "DELETED":
         op.ledger.deleted(body)  # created and deleted before any pass saw it
+        if op.fleet is not None:
+            op.fleet.pod_gone(body)
     phase = body.get("status", {}).get("phase")
     if type == "DELETED" or phase in ("Succeeded", "Failed") or body.get("metadata", {}).get("deletionTimestamp"):
         op.wake_for_capacity()  # GPUs are being freed: waiting jobs may fit now
@@ -85,11 +100,14 @@ async def pod_event(body: kopf.Body, type: str | None, **_: Any) -> None:
 
 @kopf.on.event("nodes")
 async def node_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+    METRICS.watch_events.labels("nodes").inc()
     op = STATE.get("op")
     if op is None:
         return
     slim = slim_node(body)
     name = str(slim["metadata"]["name"])
+    if type == "DELETED" and op.fleet is not None:
+        op.fleet.node_gone(name)
     ready = tuple(c.get("status") for c in slim["status"]["conditions"])
     seen = (type == "DELETED", ready, slim["spec"]["unschedulable"], len(slim["spec"]["taints"]),
             repr(sorted(slim["status"]["allocatable"].items())), repr(sorted(slim["metadata"]["labels"].items())))
@@ -102,6 +120,7 @@ async def node_event(body: kopf.Body, type: str | None, **_: Any) -> None:
 async def job_event(body: kopf.Body, type: str | None, **_: Any) -> None:
     """A spec change (a new metadata.generation: status writes leave it alone) wakes the job's
     loop at once instead of at its next idle re-check (reconcile_interval)."""
+    METRICS.watch_events.labels("trainingjobs").inc()
     op = STATE.get("op")
     meta = body.get("metadata", {})
     uid = str(meta.get("uid") or "")
@@ -115,6 +134,21 @@ async def job_event(body: kopf.Body, type: str | None, **_: Any) -> None:
     _GENERATION_SEEN[uid] = generation
     if not first:
         op.wake((str(meta.get("namespace") or "default"), str(meta.get("name"))))
+
+
+def _owned_by_a_job(body: kopf.Body, **_: Any) -> bool:
+    owner = controller_owner(body.get("metadata", {}))
+    return owner is not None and owner.kind == KIND
+
+
+@kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "workloads", when=_owned_by_a_job)
+async def workload_event(body: kopf.Body, **_: Any) -> None:
+    """Kueue admitted, evicted or requeued a job's Workload: wake that job's loop. (Without
+    Kueue's CRDs at start-up kopf serves no such watch; passes still read the Workload.)"""
+    op = STATE.get("op")
+    owner = controller_owner(body.get("metadata", {}))
+    if op is not None and owner is not None:
+        op.wake((str(body.get("metadata", {}).get("namespace") or "default"), owner.name))
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=2.0)

@@ -44,6 +44,27 @@ class RankTable:
 
 
 @dataclass(frozen=True)
+class QueueGate:
+    """Kueue's word on a job sent to a LocalQueue (handlers_queue.py reads it off the Workload).
+
+    `admitted`: the gang may run (on the admitted flavor's nodes, at the admitted size, which
+    the caller applied to the spec and the planner already). `evicted`: Kueue took the
+    admission back (a preemption, a deactivation, ...) and the gang must stop. `message`: why
+    the job waits or was evicted, naming the ClusterQueue where Kueue says which.
+    """
+
+    admitted: bool
+    evicted: bool = False
+    message: str = ""
+    reason: str = ""  # Kueue's own reason of the eviction (Preempted, ...)
+
+    @property
+    def holds(self) -> bool:
+        """The gang must not run now."""
+        return self.evicted or not self.admitted
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything one reconcile pass looks at."""
 
@@ -70,6 +91,7 @@ class Observed:
     move_off_cordoned: bool = True
     # Seconds a planned change waits for the checkpoint it asks for (0: it asks none).
     checkpoint_request_timeout: float = planned.CHECKPOINT_REQUEST_TIMEOUT
+    queue: QueueGate | None = None  # None: the job is not sent to a Kueue queue
 
 
 @dataclass(frozen=True)
@@ -114,6 +136,9 @@ class Decision:
     first_step: tuple[float, str] | None = None  # (time to first step, cause) for its histogram
     checkpoint_request: planned.CheckpointAsk | None = None  # before a planned change (planned.py)
     placement_cost: float | None = None
+    # Kueue evicted the job and none of its pods is left: give the quota back (handlers_queue.py
+    # clears the Workload's admission, so Kueue requeues it).
+    release_quota: bool = False
 
 
 def selector(name: str) -> str:
@@ -149,10 +174,16 @@ def reconcile(obs: Observed) -> Decision:
             return _finish(decision, sb)
     else:
         sb.config_ok()
-    if not obs.spec.suspend and sb.status.phase == "Suspended":
-        sb.resumed()
+    queue = obs.queue
+    if queue is not None and not obs.spec.suspend:
+        _admission(obs, sb, queue)
+    if not obs.spec.suspend and sb.status.phase == "Suspended" and not (queue and queue.holds):
+        sb.resumed() if queue is None else sb.resumed(
+            f"{queue.message}: the gang starts again from the newest committed step")
     if obs.spec.suspend:
         _suspend(obs, sb, decision, attempt, current)
+    elif queue is not None and queue.holds:
+        _hold_for_queue(obs, sb, decision, attempt, current)
     elif not current and sb.status.phase == "Running":
         # The Running gang vanished whole before a pass saw a pod go (a one-pod gang's pod
         # deleted, a lost node's pods collected): a failure, never a relaunch of the same attempt.
@@ -167,6 +198,9 @@ def reconcile(obs: Observed) -> Decision:
         _replace_in_place(obs, sb, decision, attempt, current, settled=not stale)
     else:
         _steady(obs, sb, decision, attempt, current)
+    if queue is not None and queue.evicted:
+        # (spec.suspend too: it deactivates the Workload, which Kueue evicts)
+        decision.release_quota = not any(p.phase not in ("Failed", "Succeeded") for p in obs.pods)
     if sb.status.phase == "Running":
         decision.first_step = sb.first_step(obs.checkpoint)
     if sb.status.phase in ("Running", "Succeeded", "Failed"):
@@ -359,7 +393,8 @@ def _steady(
 
 def _suspend(
     obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
-    current: list[policy.PodView],
+    current: list[policy.PodView], why: str = "spec.suspend", reason: str = Reason.SUSPENDED,
+    then: str = "false resumes it from the newest commit", cause: str = "suspend",
 ) -> None:
     """spec.suspend: stop the gang and keep the job, losing no step.
 
@@ -372,11 +407,11 @@ def _suspend(
     step = None if obs.checkpoint is None else obs.checkpoint.step
     running = sb.status.phase == "Running" and bool(live) and all(p.phase == "Running" for p in live)
     if running:
-        wait = planned.checkpoint_first(sb, obs.checkpoint, current, attempt, "suspend", obs.now,
+        wait = planned.checkpoint_first(sb, obs.checkpoint, current, attempt, cause, obs.now,
                                         obs.checkpoint_request_timeout)
         if not wait.ready:
             decision.checkpoint_request, decision.requeue_after = wait.ask, wait.requeue_after
-            sb.suspending(attempt)
+            sb.suspending(attempt, why)
             return
         step = wait.resume_step if wait.resume_step is not None else step
     else:
@@ -385,7 +420,35 @@ def _suspend(
     if live:
         decision.delete += [p.name for p in live if p.name not in decision.delete]
         sb.status.attempt = attempt + 1
-    sb.suspended(step, len(live))
+    sb.suspended(step, len(live), why, reason, then)
+
+
+def _admission(obs: Observed, sb: StatusBuilder, queue: QueueGate) -> None:
+    """The Admitted condition from Kueue's decision."""
+    if queue.evicted:
+        sb.admission(False, Reason.EVICTED, queue.message)
+    elif queue.admitted:
+        sb.admission(True, Reason.KUEUE_ADMITTED, queue.message)
+    else:
+        sb.admission(False, Reason.WAITING_FOR_ADMISSION, queue.message)
+
+
+def _hold_for_queue(
+    obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
+    current: list[policy.PodView],
+) -> None:
+    """Kueue has not admitted the job, or evicted it: no gang runs.
+
+    A job that never ran waits Pending. An evicted gang stops as for spec.suspend (a
+    checkpoint first, then its pods go), the job is Suspended until Kueue admits it again,
+    and once none of its pods is left the quota is given back, so Kueue requeues it (and
+    the preemptor's pods do not wait for GPUs still held).
+    """
+    if current or sb.status.start_time or sb.status.phase == "Suspended":
+        _suspend(obs, sb, decision, attempt, current, why="evicted by Kueue",
+                 reason=Reason.EVICTED, cause="evict", then="it resumes from the newest commit once Kueue "
+                 "admits it again")
+
 
 
 def _hang(obs: Observed, sb: StatusBuilder, attempt: int) -> policy.Failure | None:

@@ -386,35 +386,46 @@ class StatusBuilder:
         self.set(C.RECOVERING, True, Reason.NODE_CORDONED, message)
         self._event(NORMAL, Reason.NODE_CORDONED, message)
 
-    def suspending(self, attempt: int) -> None:
-        """spec.suspend: the running gang was asked for a checkpoint and still trains."""
-        message = f"spec.suspend: waiting for attempt {attempt}'s checkpoint, then the gang stops"
+    def suspending(self, attempt: int, why: str = "spec.suspend") -> None:
+        """spec.suspend (or a Kueue eviction): the running gang was asked for a checkpoint and
+        still trains."""
+        message = f"{why}: waiting for attempt {attempt}'s checkpoint, then the gang stops"
         self.set(C.SUSPENDED, False, Reason.SUSPENDING, message)
 
-    def suspended(self, step: int | None, stopped: int) -> None:
-        """spec.suspend: no pod of the job runs; the job and its checkpoints stay."""
+    def suspended(self, step: int | None, stopped: int, why: str = "spec.suspend",
+                  reason: str = Reason.SUSPENDED,
+                  then: str = "false resumes it from the newest commit") -> None:
+        """spec.suspend (or a Kueue eviction): no pod of the job runs; the job and its
+        checkpoints stay."""
         st = self.status
         st.phase = "Suspended"
         if st.recovery is not None:
             st.recovery.started = None  # a recovery that was in flight is not finished: it ends here
         resume = "no committed checkpoint yet" if step is None else f"checkpoint of step {step} committed"
-        message = f"spec.suspend: the gang is stopped ({resume}); false resumes it from the newest commit"
-        self.set(C.READY, False, Reason.SUSPENDED, message)
-        self.set(C.RECOVERING, False, Reason.SUSPENDED, message)
-        if self.set(C.SUSPENDED, True, Reason.SUSPENDED, message):
-            self._event(NORMAL, Reason.SUSPENDED, f"{message}; {stopped} pods deleted" if stopped else message)
+        message = f"{why}: the gang is stopped ({resume}); {then}"
+        self.set(C.READY, False, reason, message)
+        self.set(C.RECOVERING, False, reason, message)
+        if self.set(C.SUSPENDED, True, reason, message):
+            self._event(NORMAL, reason, f"{message}; {stopped} pods deleted" if stopped else message)
 
-    def resumed(self) -> None:
-        """spec.suspend went back to false: the next launch is a planned restart (cause resume)."""
+    def resumed(self, message: str = "spec.suspend is false: the gang starts again from the "
+                "newest committed step") -> None:
+        """spec.suspend went back to false (or Kueue readmitted the job): the next launch is a
+        planned restart (cause resume)."""
         st = self.status
         if st.start_time:
             st.phase = "Recovering"
             st.recovery = self._recovery(iso(self.now), "resume", "resume")
         else:
             st.phase = "Pending"
-        message = "spec.suspend is false: the gang starts again from the newest committed step"
         self.set(C.SUSPENDED, False, Reason.RESUMED, message)
         self._event(NORMAL, Reason.RESUMED, message)
+
+    def admission(self, admitted: bool, reason: str, message: str) -> None:
+        """Kueue's decision on the job's Workload, as the Admitted condition (an Event when it
+        changes)."""
+        if self.set(C.ADMITTED, admitted, reason, message):
+            self._event(WARNING if reason == Reason.EVICTED else NORMAL, reason, message)
 
     def failed(self, reason: str, message: str) -> None:
         st = self.status
@@ -432,7 +443,7 @@ class StatusBuilder:
         order = {
             "Failed": (C.FAILED,), "Succeeded": (C.SUCCEEDED,), "Suspended": (C.SUSPENDED,),
             "Running": (C.STORE_REACHABLE, C.PROGRESSING, C.RECOVERING, C.READY),
-        }.get(st.phase, (C.CONFIG_VALID, C.PODS_CREATED, C.SCHEDULABLE, C.STORE_REACHABLE,
+        }.get(st.phase, (C.CONFIG_VALID, C.ADMITTED, C.PODS_CREATED, C.SCHEDULABLE, C.STORE_REACHABLE,
                          C.RECOVERING, C.READY))
         wanted = {C.FAILED: "True", C.SUCCEEDED: "True", C.RECOVERING: "True"}
         if st.phase == "Suspended":

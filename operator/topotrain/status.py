@@ -24,6 +24,7 @@ class ConditionType:
     STORE_REACHABLE = "CheckpointStoreReachable"  # the operator can read the checkpoint store
     PODS_CREATED = "PodsCreated"  # the API server accepted every pod of the current attempt
     SUSPENDED = "Suspended"  # spec.suspend: the gang is stopped (or stopping) and the job kept
+    ADMITTED = "Admitted"  # Kueue admitted the job's Workload (only for a job sent to a Kueue queue)
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
 
@@ -77,6 +78,10 @@ class Reason:
     SUSPENDING = "Suspending"  # spec.suspend: waiting for the running gang's checkpoint
     SUSPENDED = "Suspended"  # spec.suspend: no pod runs
     RESUMED = "Resumed"  # spec.suspend back to false: the gang starts again
+    # Kueue (a job with the kueue.x-k8s.io/queue-name label; kueue.py, handlers_queue.py)
+    WAITING_FOR_ADMISSION = "WaitingForAdmission"  # Kueue has not admitted the Workload yet
+    KUEUE_ADMITTED = "AdmittedByKueue"
+    EVICTED = "EvictedByKueue"  # Kueue took the admission back (preempted, ...): the gang stops
 
 
 def now_iso() -> str:

@@ -114,9 +114,14 @@ WORKLOAD = {
     "events": {"create", "patch"},
     "events.k8s.io/events": {"create", "patch"},
     "networking.k8s.io/networkpolicies": {"get", "create", "patch"},  # networkPolicy.enabled
+    # Kueue: the Workload of a job sent to a queue; its status only to give back an eviction's quota
+    "kueue.x-k8s.io/workloads": {"get", "list", "watch", "create", "patch", "delete"},
+    "kueue.x-k8s.io/workloads/status": {"get", "patch"},
 }
-# The operator disables kopf's cluster scanning: no namespaces, no CRDs.
-CLUSTER_READ = {"nodes": {"get", "list", "watch"}}
+# The operator disables kopf's cluster scanning: no namespaces, no CRDs. Kueue: the admitted
+# ResourceFlavor's node labels and a job's PriorityClass value.
+CLUSTER_READ = {"nodes": {"get", "list", "watch"}, "kueue.x-k8s.io/resourceflavors": {"get"},
+                "scheduling.k8s.io/priorityclasses": {"get"}}
 
 
 def expected(scope: str, table: dict[str, set[str]]) -> set[tuple[str, str, str, str]]:

@@ -10,11 +10,16 @@ from topotrain.api import TrainingJobSpec
 from topotrain.kueue import (
     Admission,
     admission_of,
+    admitted_data,
+    flavor_node_labels,
+    gate,
     pending_message,
+    release_status,
     topology_manifest,
     workload_for,
     workload_name,
 )
+from topotrain.reconcile import QueueGate
 from topotrain.topology import TopologyLevels
 
 LEVELS = TopologyLevels()
@@ -326,3 +331,59 @@ def test_reserved_but_not_admitted_says_what_is_missing() -> None:
     assert pending_message(w) == (
         "waiting for Kueue admission in ClusterQueue gpu-cq: Quota reserved in ClusterQueue gpu-cq; "
         "The workload has not all checks ready")
+
+
+# --- acting on the decision ------------------------------------------------------------------
+
+
+def preempted() -> dict[str, Any]:
+    w = admitted()
+    w["metadata"]["generation"] = 1
+    w["status"]["conditions"] += [
+        condition("Evicted", "True", "Preempted", "Preempted to accommodate a workload"),
+        condition("Preempted", "True", "InClusterQueue", "Preempted to accommodate a workload"),
+    ]
+    return w
+
+
+def test_gate_says_whether_the_gang_may_run_and_why() -> None:
+    assert gate(admitted()) == QueueGate(
+        admitted=True, message="admitted by Kueue in ClusterQueue gpu-cq (flavor h100-tas, 64 pods)")
+    evicted = gate(preempted())
+    assert evicted.evicted and evicted.holds and evicted.reason == "Preempted"
+    assert evicted.message.startswith("evicted by Kueue from ClusterQueue gpu-cq (Preempted: ")
+    waiting = gate(workload(spec()))
+    assert waiting.holds and not waiting.evicted
+    assert waiting.message.startswith("waiting for Kueue admission in LocalQueue team-queue")
+
+
+@pytest.mark.parametrize(("pods", "data"), [(None, 16), (64, 16), (40, 10), (32, 8), (31, None)])
+def test_admitted_data_is_the_largest_allowed_degree_that_fits(pods: int | None, data: int | None) -> None:
+    """tp8 pp4 on 8-GPU pods: 4 pods per data replica; minData 8 (32 pods)."""
+    assert admitted_data(spec(parallelism={"minData": 8}), pods) == data
+
+
+def test_release_gives_back_quota_and_requeues_a_preempted_workload() -> None:
+    patch = release_status(preempted(), "2026-05-04T10:05:00Z")["status"]
+    assert patch["admission"] is None
+    kinds = {c["type"]: c for c in patch["conditions"]}
+    assert (kinds["QuotaReserved"]["status"], kinds["QuotaReserved"]["reason"]) == ("False", "Pending")
+    assert kinds["QuotaReserved"]["lastTransitionTime"] == "2026-05-04T10:05:00Z"
+    assert (kinds["Admitted"]["status"], kinds["Admitted"]["reason"]) == ("False", "NoReservation")
+    assert (kinds["Requeued"]["status"], kinds["Requeued"]["reason"]) == ("True", "Preempted")
+    assert kinds["Evicted"]["status"] == "True", "Kueue clears Evicted when it admits again"
+    assert kinds["QuotaReserved"]["observedGeneration"] == 1
+
+
+def test_release_after_a_deactivation_does_not_requeue() -> None:
+    w = admitted()
+    w["status"]["conditions"] += [condition("Evicted", "True", "Deactivated", "The workload is deactivated")]
+    kinds = {c["type"]: c for c in release_status(w, TIME)["status"]["conditions"]}
+    assert kinds["Requeued"]["status"] == "False"
+
+
+def test_flavor_node_labels_restrict_the_plan() -> None:
+    flavor = {"metadata": {"name": "h100"}, "spec": {"nodeLabels": {"topotrain.io/pool": "h100"},
+                                                     "topologyName": "gpus"}}
+    assert flavor_node_labels([flavor]) == {"topotrain.io/pool": "h100"}
+    assert flavor_node_labels([{"spec": {}}]) == {}

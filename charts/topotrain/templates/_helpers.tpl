@@ -107,6 +107,14 @@ used by the operator; docs/helm.md ("RBAC review") says where.
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create, patch]
+# Kueue: the Workload that queues a job labelled kueue.x-k8s.io/queue-name (docs/kueue.md);
+# its status is written only to give back the quota of an evicted job whose pods are gone.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads/status]
+  verbs: [get, patch]
 {{- if .Values.networkPolicy.enabled }}
 # The per-job NetworkPolicy: read it (never take over a user's), server-side apply it.
 - apiGroups: [networking.k8s.io]
