@@ -47,9 +47,29 @@ def versions() -> dict[str, str]:
     return pinned
 
 
+# A pod with this label is never completed by KWOK's `pod-complete` stage, which otherwise
+# moves every Running pod owned by a Job to Succeeded at once: a JobSet's pods (Kueue + JobSet
+# in bench/versus.py) then stay Running and hold their GPUs as a training gang does.
+KEEP_RUNNING_LABEL = "testbed.topotrain.io/keep-running"
+
+
 def kwok_stages() -> Path:
-    """KWOK's default and chaos stages, assembled by build.sh from the pinned module."""
-    path = cache_dir() / "share" / f"kwok-stages-{versions()['KWOK_VERSION']}.yaml"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: run `{BUILD_SCRIPT} kwok`")
-    return path
+    """KWOK's default and chaos stages, assembled by build.sh from the pinned module, with
+    `pod-complete` skipping pods labelled KEEP_RUNNING_LABEL (a file derived next to it)."""
+    built = cache_dir() / "share" / f"kwok-stages-{versions()['KWOK_VERSION']}.yaml"
+    if not built.exists():
+        raise FileNotFoundError(f"{built} is missing: run `{BUILD_SCRIPT} kwok`")
+    derived = built.with_name(built.stem + "-testbed.yaml")
+    if not derived.exists() or derived.stat().st_mtime < built.stat().st_mtime:
+        import yaml
+
+        stages = list(yaml.safe_load_all(built.read_text()))
+        for stage in stages:
+            if stage["metadata"]["name"] == "pod-complete":
+                stage["spec"]["selector"]["matchExpressions"].append(
+                    {"key": f'.metadata.labels["{KEEP_RUNNING_LABEL}"]', "operator": "DoesNotExist"}
+                )
+        partial = derived.with_suffix(".tmp")
+        partial.write_text(yaml.safe_dump_all(stages, sort_keys=False))
+        partial.replace(derived)
+    return derived

@@ -128,8 +128,42 @@ build_versitygw() {
     "-X main.Version=$VERSITYGW_VERSION"
 }
 
+# Kueue and JobSet: the manager binaries plus their CRDs, copied from the module
+# cache into share/ (the upstream files are taken at build time, never committed).
+# Built inside the module's own directory, with its own go.mod and go.sum (`go install
+# sigs.k8s.io/kueue/cmd/kueue@v` first asks the proxy for a module at the package path,
+# which it refuses with 403, not 404, and go install stops there).
+build_in_module() {
+  local name=$1 module=$2 v=$3 pkg=$4
+  stamped "$name" "$v" && return 0
+  local src
+  src=$(go mod download -json "$module@$v" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  (cd "$src" && go build -trimpath -ldflags "-s -w ${5:-}" -o "$bin/$name" "$pkg")
+  stamp "$name" "$v"
+}
+build_kueue() {
+  build_in_module kueue sigs.k8s.io/kueue "$KUEUE_VERSION" ./cmd/kueue \
+    "-X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION"
+  module_crds kueue sigs.k8s.io/kueue "$KUEUE_VERSION"
+}
+build_jobset() {
+  build_in_module jobset sigs.k8s.io/jobset "$JOBSET_VERSION" .
+  module_crds jobset sigs.k8s.io/jobset "$JOBSET_VERSION"
+}
+# module_crds NAME MODULE VERSION: config/components/crd/bases/*.yaml -> share/NAME-crds-VERSION/
+module_crds() {
+  local out="$cache/share/$1-crds-$3"
+  [ -d "$out" ] && return 0
+  local src
+  src=$(go mod download -json "$2@$3" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  mkdir -p "$out.tmp"
+  cp "$src"/config/components/crd/bases/*.yaml "$out.tmp/"
+  chmod u+w "$out.tmp"/*.yaml
+  mv "$out.tmp" "$out"
+}
+
 components=("$@")
-[ ${#components[@]} -eq 0 ] && components=(etcd kubernetes kwok helm versitygw)
+[ ${#components[@]} -eq 0 ] && components=(etcd kubernetes kwok helm versitygw kueue jobset)
 for c in "${components[@]}"; do
   log "building $c"
   timed "build_$c"

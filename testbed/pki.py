@@ -90,3 +90,16 @@ def ensure_pki(pki: Path) -> None:
     if not (pki / "sa.pub").exists():
         _openssl("genrsa", "-out", str(pki / "sa.key"), "2048")
         _openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
+
+
+def ensure_serving_cert(pki: Path, stem: str, names: tuple[str, ...] = ("IP:127.0.0.1",)) -> None:
+    """A serving certificate `stem`.crt/.key for `names` (subjectAltName entries), signed by the
+    testbed CA, so the API server trusts a local webhook server with the CA it already has."""
+    if (pki / f"{stem}.crt").exists() and (pki / f"{stem}.key").exists():
+        return
+    _sign(
+        pki, stem, f"/CN={stem}",
+        "keyUsage=critical,digitalSignature,keyEncipherment\n"
+        "extendedKeyUsage=serverAuth\n"
+        f"subjectAltName={','.join(names)}\n",
+    )  # fmt: skip
