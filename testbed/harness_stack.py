@@ -314,7 +314,8 @@ class Stack:
 
     # --- jobs ----------------------------------------------------------------
 
-    def job_manifest(self, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    def job_manifest(self, name: str, spec: Mapping[str, Any],
+                     labels: Mapping[str, str] | None = None) -> dict[str, Any]:
         """A TrainingJob with this stack's checkpoint store filled in (keys in `spec` win)."""
         checkpoint = {
             "uri": f"s3://{self.s3.bucket}/jobs", "endpoint": self.s3.endpoint,
@@ -324,12 +325,13 @@ class Stack:
         return {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "TrainingJob",
-            "metadata": {"name": name, "namespace": self.namespace},
+            "metadata": {"name": name, "namespace": self.namespace, "labels": dict(labels or {})},
             "spec": body,
         }
 
-    def apply_job(self, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
-        manifest = self.job_manifest(name, spec)
+    def apply_job(self, name: str, spec: Mapping[str, Any],
+                  labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+        manifest = self.job_manifest(name, spec, labels)
         created: dict[str, Any] = self.custom.create_namespaced_custom_object(
             GROUP, VERSION, self.namespace, PLURAL, manifest
         )

@@ -64,6 +64,7 @@ class QueueLink:
         self.kube, self.key, self.uid, self.levels = kube, key, uid, levels
         self.name = kueue.workload_name(key[1])
         self._flavors: dict[str, Mapping[str, Any]] = {}
+        self._local_queue: tuple[str, str] | None = None  # (LocalQueue, its ClusterQueue)
 
     def observe(self, body: Mapping[str, Any], spec: TrainingJobSpec,
                 finished: bool = False) -> QueueView | None:
@@ -92,7 +93,7 @@ class QueueLink:
         if ((workload.get("spec") or {}).get("active", True) is not False) != active:
             # spec.suspend: Kueue evicts an inactive Workload and frees its quota (and back)
             self.kube.patch_workload(namespace, self.name, {"spec": {"active": active}})
-        gate = kueue.gate(workload, self.levels.gpu_resource)
+        gate = kueue.gate(workload, self.levels.gpu_resource, self._cluster_queue(queue))
         if not gate.admitted or gate.evicted:
             return QueueView(gate, workload=workload)
         admission = kueue.admission_of(workload, self.levels.gpu_resource)
@@ -153,6 +154,16 @@ class QueueLink:
         return QueueView(QueueGate(admitted=False, message=(
             f"Workload {self.name} exists and belongs to {whose}, not this TrainingJob: delete it "
             "or rename the job")))
+
+    def _cluster_queue(self, local_queue: str) -> str | None:
+        """The ClusterQueue the job's LocalQueue points at (read once; None while it is missing)."""
+        if self._local_queue is None or self._local_queue[0] != local_queue:
+            found = self.kube.local_queue(self.key[0], local_queue)
+            target = ((found or {}).get("spec") or {}).get("clusterQueue")
+            if not target:
+                return None
+            self._local_queue = (local_queue, str(target))
+        return self._local_queue[1]
 
     def _flavor(self, name: str) -> Mapping[str, Any] | None:
         if name not in self._flavors:

@@ -320,6 +320,9 @@ class Kube:
     def workload(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._custom_get(namespace, name, "workloads")
 
+    def local_queue(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._custom_get(namespace, name, "localqueues")
+
     def create_workload(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         """Create the job's Workload; AlreadyExists returns the one there (the caller checks
         whose it is)."""

@@ -257,11 +257,12 @@ def admission_of(workload: Mapping[str, Any], resource: str = GPU_RESOURCE) -> A
     )
 
 
-def pending_message(workload: Mapping[str, Any]) -> str:
+def pending_message(workload: Mapping[str, Any], cluster_queue: str | None = None) -> str:
     """The TrainingJob condition message while Kueue has not admitted the job.
 
     It names the ClusterQueue when Kueue's QuotaReserved message (or a reservation) names
-    one, since that is where quota is missing or misconfigured; otherwise the LocalQueue
+    one, since that is where quota is missing or misconfigured, else `cluster_queue` (the
+    one the job's LocalQueue points at, read by the caller); failing both, the LocalQueue
     the job was submitted to, the only queue the job's owner may be able to see. With quota
     reserved but the job not admitted, Kueue's Admitted message says what is still missing.
     """
@@ -272,7 +273,8 @@ def pending_message(workload: Mapping[str, Any]) -> str:
     named = _NAMED_CLUSTER_QUEUE.search(detail)
     if _is_true(conditions, QUOTA_RESERVED) and conditions.get(ADMITTED, {}).get("message"):
         detail = f"{detail}; {conditions[ADMITTED]['message']}"  # e.g. admission checks not ready
-    cluster_queue = named.group(1) if named else (status.get("admission") or {}).get("clusterQueue")
+    cluster_queue = (named.group(1) if named else (status.get("admission") or {}).get("clusterQueue")
+                     or cluster_queue)
     if cluster_queue:
         where = f"ClusterQueue {cluster_queue}"
     else:
@@ -336,11 +338,13 @@ REQUEUED = "Requeued"
 _REQUEUE_REASONS = ("Preempted", "NodeFailures")
 
 
-def gate(workload: Mapping[str, Any], resource: str = GPU_RESOURCE) -> QueueGate:
-    """What the reconciler needs of Kueue's decision: may the gang run, must it stop, and why."""
+def gate(workload: Mapping[str, Any], resource: str = GPU_RESOURCE,
+         cluster_queue: str | None = None) -> QueueGate:
+    """What the reconciler needs of Kueue's decision: may the gang run, must it stop, and why
+    (`cluster_queue`: the job's LocalQueue's, for the message while it waits)."""
     admission = admission_of(workload, resource)
     if admission is None or not (admission.admitted or admission.evicted):
-        return QueueGate(admitted=False, message=pending_message(workload))
+        return QueueGate(admitted=False, message=pending_message(workload, cluster_queue))
     where = f"ClusterQueue {admission.cluster_queue}" if admission.cluster_queue else "its ClusterQueue"
     if admission.evicted:
         why = f"{admission.reason}: {admission.message}" if admission.message else str(admission.reason)

@@ -117,6 +117,7 @@ WORKLOAD = {
     # Kueue: the Workload of a job sent to a queue; its status only to give back an eviction's quota
     "kueue.x-k8s.io/workloads": {"get", "list", "watch", "create", "patch", "delete"},
     "kueue.x-k8s.io/workloads/status": {"get", "patch"},
+    "kueue.x-k8s.io/localqueues": {"get"},
 }
 # The operator disables kopf's cluster scanning: no namespaces, no CRDs. Kueue: the admitted
 # ResourceFlavor's node labels and a job's PriorityClass value.

@@ -387,3 +387,13 @@ def test_flavor_node_labels_restrict_the_plan() -> None:
                                                      "topologyName": "gpus"}}
     assert flavor_node_labels([flavor]) == {"topotrain.io/pool": "h100"}
     assert flavor_node_labels([{"spec": {}}]) == {}
+
+
+def test_pending_message_names_the_local_queues_cluster_queue_when_kueue_does_not() -> None:
+    w = workload(spec())
+    w["status"] = {"conditions": [condition(
+        "QuotaReserved", "False", "Pending",
+        "couldn't assign flavors to pod set workers: insufficient unused quota for nvidia.com/gpu "
+        "in flavor h100, 2 more needed")]}
+    assert pending_message(w, "gpu-cq").startswith("waiting for Kueue admission in ClusterQueue gpu-cq: ")
+    assert gate(w, cluster_queue="gpu-cq").message == pending_message(w, "gpu-cq")

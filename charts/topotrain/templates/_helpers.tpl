@@ -115,6 +115,10 @@ used by the operator; docs/helm.md ("RBAC review") says where.
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads/status]
   verbs: [get, patch]
+# ... and the ClusterQueue its LocalQueue points at, named while the job waits.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [localqueues]
+  verbs: [get]
 {{- if .Values.networkPolicy.enabled }}
 # The per-job NetworkPolicy: read it (never take over a user's), server-side apply it.
 - apiGroups: [networking.k8s.io]

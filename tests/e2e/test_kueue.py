@@ -1,0 +1,146 @@
+"""End to end under the real Kueue (v0.17, topology-aware scheduling on, as testbed processes).
+
+TrainingJobs labelled `kueue.x-k8s.io/queue-name` go through a ClusterQueue with room for one
+two-GPU job: the operator creates each job's Workload, a job that does not fit waits with a
+condition naming the ClusterQueue and starts once Kueue admits it; a higher-priority job makes
+Kueue preempt a running one, which checkpoints, stops, gives its quota back, is readmitted when
+the other finishes and resumes from that checkpoint with every step trained once. The real
+operator (the chart's RBAC), the real trainer (gloo on CPU), the pod process harness standing in
+for the kubelet.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from testbed.harness_stack import Stack, step_losses
+from testbed.kube import Kube
+from testbed.kueue import KueueStack
+from testbed.kueue_queues import Flavor, KueueQueues, pool_flavor, topology_levels
+from testbed.procs import wait_until
+from testbed.topology import GPU_RESOURCE, parse_topology
+from tests.conftest import TESTBED_TOPOLOGY
+from tests.e2e.jobs import JOB_TIMEOUT, TRAINING, attempts, last_step, of_kind, phase_is
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+LOW, HIGH = "topotrain-e2e-low", "topotrain-e2e-high"
+
+
+@pytest.fixture(scope="module")
+def kueue(kube: Kube) -> Iterator[KueueStack]:
+    """Kueue beside the shared testbed, started before the test's operator (which serves the
+    Workload watch only when Kueue's CRDs exist as it starts)."""
+    testbed = kube.require_testbed("Kueue runs as a local process beside it")
+    with KueueStack(testbed).session() as running:
+        yield running
+
+
+@pytest.fixture
+def queue(kueue: KueueStack, stack: Stack) -> Iterator[KueueQueues]:
+    """A ClusterQueue with quota for 2 H100 GPUs, preempting lower priorities, and a LocalQueue
+    in the test's namespace; two PriorityClasses."""
+    pool = next(p for p in parse_topology(TESTBED_TOPOLOGY).pools if p.name == "tiny-h100")
+    flavor = pool_flavor(pool)
+    flavor = Flavor(flavor.name, flavor.node_labels, {GPU_RESOURCE: "2"})
+    made = KueueQueues(f"e2e-{uuid.uuid4().hex[:6]}", stack.namespace,
+                       topology_levels(parse_topology(TESTBED_TOPOLOGY)), (flavor,))
+    classes = [{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                "metadata": {"name": name}, "value": value}
+               for name, value in ((LOW, 100), (HIGH, 1000))]  # fmt: skip
+    kueue.apply([*classes, *made.manifests()])
+    kueue.wait_cluster_queue_active(made.cluster_queue)
+    yield made
+    kinds = "clusterqueues.kueue.x-k8s.io,resourceflavors.kueue.x-k8s.io,topologies.kueue.x-k8s.io"
+    names = [made.cluster_queue, made.topology, *(made.flavor_name(f) for f in made.flavors)]
+    stack.kubectl("delete", kinds, *names, "--ignore-not-found", "--wait=false", check=False)
+
+
+def _job(steps: int, priority: str | None = None, interval: int = 1000) -> dict[str, Any]:
+    """Two one-GPU pods (dp 2); a commit every `interval` steps (beyond the run: only the
+    checkpoint the operator asks for before it stops the gang, or the SIGTERM save)."""
+    worker: dict[str, Any] = {"gpusPerPod": 1, "gpuTypes": ["H100-80GB"]}
+    if priority:
+        worker["priorityClassName"] = priority
+    return {
+        "parallelism": {"tensor": 1, "pipeline": 1, "data": 2},
+        "worker": worker,
+        "checkpoint": {"intervalSteps": interval, "keep": 3},
+        "failurePolicy": {"backoffSeconds": 0, "maxRestarts": 0},
+        "training": {**TRAINING, "steps": steps},
+    }
+
+
+def _condition(job: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in job.get("status", {}).get("conditions", []) if c["type"] == kind), {})
+
+
+def _workload(stack: Stack, job: str) -> dict[str, Any] | None:
+    got = stack.kubectl("-n", stack.namespace, "get", f"workloads.kueue.x-k8s.io/trainingjob-{job}",
+                        "-o", "json", "--ignore-not-found", check=False).stdout  # fmt: skip
+    found: dict[str, Any] | None = json.loads(got) if got.strip() else None
+    return found
+
+
+def test_a_job_without_quota_waits_naming_the_cluster_queue_then_runs(
+    stack: Stack, queue: KueueQueues, kueue: KueueStack,
+) -> None:
+    labels = {QUEUE_LABEL: queue.local_queue}
+    stack.apply_job("first", _job(steps=60), labels)
+    stack.wait_job("first", phase_is("Running"), timeout=JOB_TIMEOUT, what="first Running")
+    stack.apply_job("second", _job(steps=20), labels)
+    try:
+        waiting = stack.wait_job(
+            "second", lambda j: _condition(j, "Admitted").get("reason") == "WaitingForAdmission"
+            and queue.cluster_queue in _condition(j, "Admitted").get("message", ""),
+            timeout=120, what="second waiting for admission, naming the ClusterQueue")  # fmt: skip
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\nWorkload: {json.dumps(_workload(stack, 'second'), indent=1)}"
+                             f"\nKueue:\n{kueue.log_tail(60)}") from None
+    assert waiting["status"]["phase"] == "Pending" and not stack.pods("second")
+    assert queue.cluster_queue in waiting["status"]["message"], waiting["status"]
+    workload = _workload(stack, "second")
+    assert workload is not None and workload["spec"]["podSets"][0]["count"] == 2
+    first = stack.wait_job("first", phase_is("Succeeded"), timeout=JOB_TIMEOUT, what="first Succeeded")
+    assert _condition(first, "Admitted")["status"] == "True"
+    wait_until(lambda: _workload(stack, "first") is None, timeout=60,
+               what="the finished job's Workload deleted (its quota freed)")  # fmt: skip
+    second = stack.wait_job("second", phase_is("Succeeded"), timeout=JOB_TIMEOUT, what="second Succeeded")
+    admitted = _condition(second, "Admitted")
+    assert admitted["status"] == "True" and queue.cluster_queue in admitted["message"]
+
+
+def test_a_preempted_job_checkpoints_stops_and_resumes_from_that_checkpoint_when_readmitted(
+    stack: Stack, queue: KueueQueues,
+) -> None:
+    labels = {QUEUE_LABEL: queue.local_queue}
+    steps = 300
+    stack.apply_job("low", _job(steps=steps, priority=LOW), labels)
+    wait_until(lambda: last_step(attempts(stack, "low").get(0, [])) >= 5, timeout=JOB_TIMEOUT,
+               what="low training")  # fmt: skip
+    stack.apply_job("high", _job(steps=20, priority=HIGH), labels)
+    # Kueue preempts low: it checkpoints, stops, and says why.
+    low = stack.wait_job("low", phase_is("Suspended"), timeout=JOB_TIMEOUT, what="low Suspended")
+    status = low["status"]
+    assert _condition(low, "Admitted")["reason"] == "EvictedByKueue", status
+    assert "Preempted" in _condition(low, "Admitted")["message"], status
+    request = status["checkpointRequest"]
+    assert request["reason"] == "evict" and request["state"] == "Committed", request
+    assert status["restarts"] == 0
+    saved = int(request["step"])
+    wait_until(lambda: not stack.pods("low"), timeout=120, what="low's pods gone")
+    # high runs on the quota low gave back, and finishes; low is readmitted and resumes.
+    high = stack.wait_job("high", phase_is("Succeeded"), timeout=JOB_TIMEOUT, what="high Succeeded")
+    assert _condition(high, "Admitted")["status"] == "True"
+    low = stack.wait_job("low", phase_is("Succeeded"), timeout=JOB_TIMEOUT, what="low Succeeded")
+    assert low["status"]["restarts"] == 0 and _condition(low, "Admitted")["status"] == "True"
+    runs = attempts(stack, "low")
+    restored = of_kind(runs[max(runs)], "restored")
+    assert len(restored) == 1 and int(restored[0]["step"]) >= saved, restored
+    everything = [e for a in sorted(runs) for e in runs[a]]
+    logged = set(step_losses(everything))
+    assert set(range(1, steps + 1)) <= logged, "a step was lost between the eviction and the resume"
