@@ -9,6 +9,7 @@
 | topotrain_placement_cost | gauge | namespace, job | communication cost of the current placement |
 | topotrain_reconcile_seconds | histogram | | duration of one reconcile pass |
 | topotrain_checkpoint_age_seconds | gauge | namespace, job | age of the latest committed checkpoint |
+| topotrain_watch_events_total | counter | resource | watch events handled (nodes, GPU pods, TrainingJobs) |
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ class Metrics:
             "topotrain_ghost_pods", "Pods the watch cache showed that the API server said were gone "
             "(a 404 to a call of ours, mostly a deletion the watch had not delivered yet; or missing "
             "from two LISTs, a deletion it missed); left out of planning from then on", registry=r,
+        )
+        self.watch_events = Counter(
+            "topotrain_watch_events", "Watch events handled, by resource (nodes, GPU pods, TrainingJobs)",
+            ["resource"], registry=r,
         )
         self._phases: dict[tuple[str, str], str] = {}
         for phase in PHASES:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from topotrain.contract import CHECKPOINT_REQUEST
+from topotrain.fleet import Fleet
 from topotrain.manifests import (
     ATTEMPT_LABEL,
     GANG_GATE,
@@ -309,6 +310,10 @@ class Ghosts:
             self.uids.update(gone)
         return [entries[u] for u in sorted(gone)]
 
+    def current(self) -> frozenset[str]:
+        with self._mutex:
+            return frozenset(self.uids)
+
     def drop(self, pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
         """`pods` without the ghosts; forgets ghosts the index no longer holds."""
         listed = list(pods)
@@ -322,20 +327,27 @@ class Ghosts:
 
 @dataclass
 class Snapshot:
-    """One consistent look at the cluster (the watch indexes at one moment, with the ledger)."""
+    """One consistent look at the cluster (the watch indexes at one moment, with the ledger).
+
+    With a `fleet` (the operator's, fed by the same watch) a job's inventory comes from its kept
+    counts; without one (tests, tools) it is rebuilt from every node and pod here.
+    """
 
     nodes: list[Mapping[str, Any]]
     pods: list[Mapping[str, Any]]  # every GPU pod, including ledger entries not yet watched
+    fleet: Fleet | None = None
+    unseen: list[Mapping[str, Any]] = field(default_factory=list)  # the ledger's entries in `pods`
+    ghosts: frozenset[str] = frozenset()  # uids left out of `pods` (Ghosts)
 
     @classmethod
     def take(cls, nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
-             ledger: Ledger) -> Snapshot:
+             ledger: Ledger, fleet: Fleet | None = None, ghosts: frozenset[str] = frozenset()) -> Snapshot:
         # The index's slim dicts as they are (nothing here writes to them): a pass of a 5,000-node
         # fleet copies no node and no pod.
         pod_list = list(pods)
         seen = [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in pod_list]
-        pod_list += [slim for _, slim in ledger.unseen(seen)]
-        return cls(nodes=list(nodes), pods=pod_list)
+        unseen: list[Mapping[str, Any]] = [slim for _, slim in ledger.unseen(seen)]
+        return cls(nodes=list(nodes), pods=pod_list + unseen, fleet=fleet, unseen=unseen, ghosts=ghosts)
 
     def job_pods(self, job: JobKey, uid: str | None = None) -> tuple[PodView, ...]:
         views = (pod_view(p) for p in self.pods if belongs(p, job, uid))
@@ -368,6 +380,8 @@ class Snapshot:
         Nodes in `avoid` (those that failed the job's pods too often) are left out. Pods with
         the job's label but another owner (`uid`) hold their GPUs like any other pod.
         """
+        if self.fleet is not None and self.fleet.levels == labels:
+            return self.fleet.inventory(job, uid, tolerations, node_selector, avoid, self.unseen, self.ghosts)
         others = [p for p in self.pods if not belongs(p, job, uid)]
         nodes = [n for n in self.nodes if n["metadata"]["name"] not in avoid] if avoid else self.nodes
         return Inventory.from_snapshot(
