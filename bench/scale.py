@@ -55,7 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from scale_plan import plan_rows, print_plan_table
-from scale_probes import JobRecord, JobRecorder, RequestCounter
+from scale_plot import growth_svg
+from scale_probes import HealthProbe, JobRecord, JobRecorder, RequestCounter
 from scale_runner import OperatorRun, install_crd, make_namespace, remove_namespace
 from scale_workload import JobShape, big_gang_pods, fleet, job_stream
 from topotrain.metrics import RECONCILE_BUCKETS
@@ -65,9 +66,11 @@ from testbed.kube import api_client
 from testbed.nodes import apply_topology, delete_topology, wait_nodes_ready
 
 WHY_TYPES = ("ConfigValid", "PodsCreated", "Schedulable", "Ready")
+PLOTTED = ("jobs", "p99 s", "admissions/min", "reconcile p99 ms", "events/s", "operator CPU s",
+           "operator peak RSS MiB", "API requests/job", "healthz max ms")  # fmt: skip
 COLUMNS = ("nodes", "jobs", "pods", "Running", "p50 s", "p95 s", "p99 s", "big gang s", "admissions/min",
-           "reconcile p50 ms", "reconcile p99 ms", "passes", "operator CPU s", "operator peak RSS MiB",
-           "API requests/job")  # fmt: skip
+           "reconcile p50 ms", "reconcile p99 ms", "passes", "events/s", "operator CPU s", "operator peak RSS MiB",
+           "API requests/job", "healthz max ms", "healthz misses")  # fmt: skip
 
 
 @dataclass
@@ -82,6 +85,10 @@ class SizeResult:
     rss_mib: float = float("nan")
     requests: Counter[tuple[str, str]] | None = None
     nodes_ready_s: float = 0.0
+    operator_up_s: float = float("nan")
+    events: float = float("nan")  # watch events the operator handled, first apply -> settled
+    window_s: float = float("nan")  # first apply -> settled
+    health: HealthProbe | None = None
     waiting: list[tuple[str, str, str]] = field(default_factory=list)  # name, phase, why ("" = none)
     pass_phases: dict[str, list[float]] = field(default_factory=dict)  # of passes that changed pods
 
@@ -100,11 +107,14 @@ class SizeResult:
     def row(self) -> list[float]:
         lat, big = self.latencies(), self.latencies("big")
         per_job = sum(self.requests.values()) / len(self.shapes) if self.requests is not None else float("nan")
+        health = self.health
+        health_max = max(health.latencies) * 1000 if health and health.latencies else float("nan")
         return [self.nodes, len(self.shapes), sum(s.pods for s in self.shapes), len(lat),
                 percentile(lat, 0.5), percentile(lat, 0.95), percentile(lat, 0.99),
                 big[0] if big else float("nan"), self.admissions_per_minute(),
                 self.reconcile_p50 * 1000, self.reconcile_p99 * 1000, self.passes,
-                self.cpu_s, self.rss_mib, per_job]  # fmt: skip
+                self.events / self.window_s, self.cpu_s, self.rss_mib, per_job,
+                health_max, len(health.misses) if health else float("nan")]  # fmt: skip
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -146,16 +156,20 @@ def run_size(bed: Testbed, proxy: RequestCounter | None, run: int, nodes: int, s
             stack.callback(remove_namespace, api, namespace)
         operator = OperatorRun(bed, namespace, proxy)
         stack.callback(operator.stop)
-        operator.start(timeout=180)
+        operator.start(timeout=args.start_timeout or max(180.0, nodes * 0.3))
+        health = operator.probe_health()
         recorder = JobRecorder(api, namespace)
         stack.callback(recorder.close)
-        print(f"[{nodes} nodes] Ready in {ready_s:.0f}s; operator up; applying {len(shapes)} jobs",
-              file=sys.stderr, flush=True)
+        print(f"[{nodes} nodes] Ready in {ready_s:.0f}s; operator up in {operator.started_s:.0f}s; "
+              f"applying {len(shapes)} jobs", file=sys.stderr, flush=True)
         before_requests = proxy.snapshot() if proxy else None
-        cpu_before = operator.usage()[0]
+        cpu_before, events_before, first_apply = operator.usage()[0], operator.watch_events(), time.monotonic()
         apply_stream(api, namespace, str(topology["name"]), shapes, recorder)
         wait_settled(recorder, len(shapes), args.settle, args.timeout)
-        result = SizeResult(nodes, shapes, recorder.records(), nodes_ready_s=ready_s)
+        result = SizeResult(nodes, shapes, recorder.records(), nodes_ready_s=ready_s,
+                            operator_up_s=operator.started_s, health=health)
+        result.events = operator.watch_events() - events_before
+        result.window_s = time.monotonic() - first_apply
         result.reconcile_p50, result.reconcile_p99, result.passes = operator.reconcile_quantiles()
         cpu_after, result.rss_mib = operator.usage()
         result.pass_phases = operator.pass_phases()
@@ -200,6 +214,14 @@ def wait_settled(recorder: JobRecorder, jobs: int, settle: float, timeout: float
         time.sleep(0.25)
 
 
+def per_size(values: list[int], sizes: list[int], flag: str) -> list[int]:
+    if len(values) == 1:
+        return values * len(sizes)
+    if len(values) != len(sizes):
+        raise SystemExit(f"{flag}: one value, or one per --nodes value ({len(sizes)})")
+    return values
+
+
 def fmt(value: float) -> str:
     if value != value:  # NaN
         return "-"
@@ -221,6 +243,14 @@ def print_table(results: list[SizeResult]) -> None:
                  for v, b in zip(row, base, strict=True)]
         print(f"| ratio {fmt(row[0])}/{fmt(base[0])} | " + " | ".join(cells[1:]) + " |")
     for result in results:
+        if result.health is not None:
+            probe = result.health
+            print(f"operator at {result.nodes} nodes: up in {result.operator_up_s:.0f} s; "
+                  f"{result.events:.0f} watch events in {result.window_s:.0f} s; /healthz polled "
+                  f"{len(probe.latencies)} times, p99 {percentile(probe.latencies, 0.99) * 1000:.0f} ms, "
+                  f"{len(probe.misses)} misses {dict(probe.why) or ''} (no answer within the chart's {probe.probe.timeout_s:g} s), "
+                  f"longest miss streak {probe.longest_miss_streak():.0f} s (the kubelet restarts it after "
+                  f"{probe.probe.failure_threshold} misses {probe.probe.period_s:g} s apart)")
         for name, phase, why in result.waiting:
             print(f"not Running at {result.nodes} nodes: {name} ({phase}): {why or 'NO CONDITION SAYS WHY'}")
         phases = result.pass_phases
@@ -236,8 +266,13 @@ def print_table(results: list[SizeResult]) -> None:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, nargs="+", default=[500, 1000], help="fleet sizes, in order")
-    parser.add_argument("--jobs", type=int, default=40)
-    parser.add_argument("--big-pods", type=int, help="pods of the big gang (default 128; 1/4 of small fleets)")
+    parser.add_argument("--jobs", type=int, nargs="+", default=[40],
+                        help="jobs in the stream: one number for every size, or one per --nodes value")
+    parser.add_argument("--big-pods", type=int, nargs="+",
+                        help="pods of the big gang, one for all or one per size (default 128; 1/4 of small fleets)")
+    parser.add_argument("--start-timeout", type=float, help="seconds the operator may take to list the "
+                        "fleet and start its watches (default 0.3 s a node, at least 180)")
+    parser.add_argument("--plot", type=Path, help="write an SVG of each column's growth with the fleet here")
     parser.add_argument("--interval", type=float, default=1.0, help="mean seconds between arrivals")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--settle", type=float, default=15.0,
@@ -258,8 +293,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     results: list[SizeResult] = []
     if not args.plan_only:
-        big = args.big_pods or big_gang_pods(min(args.nodes))
-        shapes = job_stream(args.jobs, big, args.interval, args.seed)
+        jobs = per_size(args.jobs, args.nodes, "--jobs")
+        bigs = per_size(args.big_pods or [big_gang_pods(min(args.nodes))], args.nodes, "--big-pods")
         with ExitStack() as stack:
             state = stack.enter_context(tempfile.TemporaryDirectory(prefix="topotrain-scale-"))
             bed = Testbed(state, node_lease_seconds=args.node_lease_seconds)
@@ -275,10 +310,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 stack.callback(proxy.close)
             for run, nodes in enumerate(args.nodes):
                 last = run == len(args.nodes) - 1
+                shapes = job_stream(jobs[run], bigs[run], args.interval, args.seed)
                 results.append(run_size(bed, proxy, run, nodes, shapes, args, clean_up=not last))
-        print(f"\n### Operator at scale: {args.jobs} jobs (seed {args.seed}, big gang {big} pods, "
-              f"mean arrival gap {args.interval:g} s)\n")
+        streams = ", ".join(f"{n} nodes: {j} jobs, big gang {b} pods" for n, j, b in zip(args.nodes, jobs, bigs, strict=True))
+        print(f"\n### Operator at scale ({streams}; seed {args.seed}, mean arrival gap {args.interval:g} s)\n")
         print_table(results)
+        if args.plot and len(results) > 1:
+            args.plot.write_text(growth_svg(COLUMNS, [r.row() for r in results], PLOTTED))
+            print(f"\nplot: {args.plot}")
     if args.plan_nodes:
         print(f"\n### Planner alone: a {args.plan_pods}-pod gang (tensor 8, pipeline 8, 8 GPUs a pod)\n")
         print_plan_table(plan_rows(args.plan_nodes, args.plan_pods, args.plan_used, args.plan_repeats, args.seed))

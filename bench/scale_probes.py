@@ -10,6 +10,8 @@
 - `scrape_histogram` / `histogram_quantile`: the operator's Prometheus
   endpoint, quantiles interpolated within buckets as Prometheus does.
 - `proc_usage`: CPU seconds and peak RSS of a process from /proc.
+- `HealthProbe`: the operator's /healthz polled every second through the run,
+  each answer's latency and the misses against the chart's liveness timeout.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 import ssl
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
+import yaml
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
@@ -294,6 +298,77 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
             return lower_bound + (bound - lower_bound) * (rank - lower_count) / (count - lower_count)
         lower_bound, lower_count = bound, count
     return lower_bound
+
+
+def scrape_counter(port: int, name: str) -> float:
+    """The sum of a counter's samples over all its labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith((f"{name}{{", f"{name} ")))
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """The chart's livenessProbe (charts/topotrain/values.yaml)."""
+
+    period_s: float
+    timeout_s: float
+    failure_threshold: int
+
+    @classmethod
+    def from_chart(cls, values: Path) -> ProbeSettings:
+        probe = (yaml.safe_load(values.read_text()) or {}).get("livenessProbe") or {}
+        return cls(float(probe.get("periodSeconds", 10)), float(probe.get("timeoutSeconds", 1)),
+                   int(probe.get("failureThreshold", 3)))
+
+
+class HealthProbe:
+    """Polls the operator's /healthz every `every` seconds, as the kubelet's liveness probe
+    would but more often: each answer's latency, and the misses (an error, or no answer within
+    the chart's timeoutSeconds)."""
+
+    def __init__(self, port: int, probe: ProbeSettings, every: float = 1.0) -> None:
+        self.port, self.probe, self.every = port, probe, every
+        self.latencies: list[float] = []
+        self.misses: list[float] = []  # time.time() of each miss
+        self.why: Counter[str] = Counter()  # what each miss was
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="health-probe", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(self.probe.timeout_s + 5)
+
+    def longest_miss_streak(self) -> float:
+        """Seconds of the longest run of consecutive misses (0 when none)."""
+        longest, start, last = 0.0, None, None
+        for when in self.misses:
+            if start is None or last is None or when - last > self.every * 1.5 + self.probe.timeout_s:
+                start = when
+            last = when
+            longest = max(longest, when - start + self.every)
+        return longest
+
+    def _run(self) -> None:
+        url = f"http://127.0.0.1:{self.port}/healthz"
+        while not self._stop.is_set():
+            began = time.monotonic()
+            why = ""
+            try:
+                with urllib.request.urlopen(url, timeout=self.probe.timeout_s) as response:
+                    response.read()
+            except OSError as exc:  # refused, reset, timed out, or an HTTP error status
+                why = type(exc).__name__ + (f" {exc.code}" if isinstance(exc, urllib.error.HTTPError) else "")
+            took = time.monotonic() - began
+            self.latencies.append(took)
+            if not why and took >= self.probe.timeout_s:
+                why = "slow"
+            if why:
+                self.misses.append(time.time())
+                self.why[why] += 1
+            self._stop.wait(max(0.0, self.every - took))
 
 
 def metrics_ready(port: int) -> bool:

@@ -22,10 +22,13 @@ from scale_probes import (
     GROUP,
     PLURAL,
     VERSION,
+    HealthProbe,
+    ProbeSettings,
     RequestCounter,
     histogram_quantile,
     metrics_ready,
     proc_usage,
+    scrape_counter,
     scrape_histogram,
 )
 
@@ -35,6 +38,8 @@ from testbed.procs import ManagedProcess, free_port
 REPO = Path(__file__).resolve().parent.parent
 CRD = REPO / "crds" / "topotrain.io_trainingjobs.yaml"
 RECONCILE = "topotrain_reconcile_seconds"
+WATCH_EVENTS = "topotrain_watch_events_total"
+CHART_VALUES = REPO / "charts" / "topotrain" / "values.yaml"
 PASS_LINE = re.compile(r"\(observe\+decide ([\d.]+)s, status ([\d.]+)s, act ([\d.]+)s\)")
 # What kopf watches once its initial lists are in: the indexes are filled, jobs are served.
 WATCHES = (("watch", "nodes"), ("watch", "pods"), ("watch", "trainingjobs"))
@@ -104,7 +109,9 @@ class OperatorRun:
     def __init__(self, bed: Testbed, namespace: str, proxy: RequestCounter | None) -> None:
         self.bed, self.namespace, self.proxy = bed, namespace, proxy
         self.process = ManagedProcess(f"operator-{namespace}", bed.root)
-        self.metrics_port = free_port()
+        self.metrics_port, self.health_port = free_port(), free_port()
+        self.health: HealthProbe | None = None
+        self.started_s = float("nan")  # start -> serving every watch
 
     def start(self, timeout: float) -> None:
         kubeconfig = self.bed.kubeconfig
@@ -115,18 +122,32 @@ class OperatorRun:
         env.update(KUBECONFIG=str(kubeconfig), PYTHONPATH=path)
         self.process.start(
             [sys.executable, "-m", "topotrain.cli", "run", "--standalone", "--namespace", self.namespace,
-             "--metrics-port", str(self.metrics_port), "--health-port", "0"],
+             "--metrics-port", str(self.metrics_port), "--health-port", str(self.health_port)],
             env=env, cwd=REPO,
         )
-        deadline = time.monotonic() + timeout
+        began = time.monotonic()
+        deadline = began + timeout
         while not self._serving():
             if not self.process.running():
                 raise RuntimeError(f"the operator exited; log {self.process.log_file}:\n{self.tail()}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the operator did not start in {timeout:.0f}s:\n{self.tail()}")
             time.sleep(0.25)
+        self.started_s = time.monotonic() - began
         if self.proxy is None:
             time.sleep(5.0)  # no view of its watches: give its initial lists time
+
+    def probe_health(self) -> HealthProbe:
+        """Start polling /healthz (stopped with the operator)."""
+        self.health = HealthProbe(self.health_port, ProbeSettings.from_chart(CHART_VALUES))
+        return self.health
+
+    def watch_events(self) -> float:
+        """Watch events the operator has handled so far."""
+        try:
+            return scrape_counter(self.metrics_port, WATCH_EVENTS)
+        except OSError:
+            return float("nan")
 
     def _serving(self) -> bool:
         if not metrics_ready(self.metrics_port):
@@ -164,6 +185,8 @@ class OperatorRun:
         return phases
 
     def stop(self) -> None:
+        if self.health is not None:
+            self.health.close()
         self.process.stop()
 
     def tail(self, lines: int = 20) -> str:
