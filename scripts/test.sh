@@ -33,6 +33,21 @@ if [ $whole -eq 1 ]; then
     [ $kind = 1 ] || echo "== kind: skipped (not root and no Docker engine answers; TOPOTRAIN_KIND_E2E=1 forces it)"
   fi
 fi
+# Kueue and JobSet (tests marked `kueue`): about 11 CPU-minutes of Go on a cold machine, built at
+# the lowest priority beside the main suites, which leave them out; their tests run at the end.
+kueue_build_start() {
+  kueue_log=$(mktemp)
+  nice -n 19 testbed/build.sh kueue jobset >"$kueue_log" 2>&1 &
+  kueue_build=$!
+}
+kueue_tests() {
+  local c=0 start=$SECONDS
+  wait "$kueue_build" || c=$?
+  grep -E ' took ' "$kueue_log" || true
+  if [ $c -ne 0 ]; then tail -n 40 "$kueue_log" >&2; echo "testbed/build.sh kueue jobset failed (exit $c)" >&2; return 1; fi
+  echo "== pytest -m kueue (Kueue and JobSet beside the testbed; build waited $((SECONDS - start))s, at ${SECONDS}s)"
+  python -m pytest tests -m kueue --durations=10
+}
 testbed_wait() {
   local start=$SECONDS c=0
   wait "$testbed_build" || c=$?
@@ -70,8 +85,11 @@ set +e
 # With the kind stage, the unit tests (CPU only, no cluster, no disk traffic; about a minute) run
 # later, beside its cluster creation, which mostly waits on node start-up and the disk.
 if [ $# -eq 0 ]; then
-  set -- tests --durations=25  # the slowest tests, for whoever shortens the run
+  set -- tests --durations=25 -m "not kueue" # the slowest tests, for whoever shortens the run
   [ "$kind" = 1 ] && set -- "$@" --ignore=tests/unit
+  kueue_build_start
+else
+  testbed/build.sh kueue jobset >/dev/null  # a test named on the command line may need them
 fi
 python -m pytest "$@"
 code=$?
@@ -80,6 +98,9 @@ set -e
 [ $code -eq 5 ] && { echo "pytest ran no tests" >&2; exit 1; }
 [ $whole -eq 1 ] || exit $code
 
+if [ "$kind" != 1 ]; then
+  kueue_tests || code=1
+fi
 if [ "$kind" = 1 ]; then
   prepare_code=0
   wait "$kind_prepare" || prepare_code=$?
@@ -99,6 +120,8 @@ if [ "$kind" = 1 ]; then
   echo "== pytest tests/unit: exit $unit_code after $((SECONDS - start))s (beside the kind stage)"
   cat "$unit_log"
   [ $unit_code -eq 0 ] || code=1
+  # The Kueue suite too: the kind stage mostly waits on node start-up and the disk.
+  kueue_tests || code=1
   wait "$kind_stage"
   kind_code=$?
   set -e

@@ -163,7 +163,9 @@ module_crds() {
 }
 
 components=("$@")
-[ ${#components[@]} -eq 0 ] && components=(etcd kubernetes kwok helm versitygw kueue jobset)
+# Kueue and JobSet (about 11 CPU-minutes cold) only when named: scripts/test.sh builds them in
+# the background while the main suites run; bench/versus.py builds them when it starts.
+[ ${#components[@]} -eq 0 ] && components=(etcd kubernetes kwok helm versitygw)
 for c in "${components[@]}"; do
   log "building $c"
   timed "build_$c"

@@ -29,6 +29,7 @@ if str(REPO_ROOT) not in sys.path:  # the `testbed` package lives at the repo ro
 from testbed.kube import Kube  # noqa: E402
 
 if TYPE_CHECKING:
+    from testbed.kueue import KueueStack
     from testbed.s3 import S3Server
 
 TESTBED_TOPOLOGY = REPO_ROOT / "examples" / "clusters" / "tiny.yaml"
@@ -39,6 +40,26 @@ def _unavailable(reason: str) -> None:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"{reason} (CI=true: not skipping)", pytrace=False)
     pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def kueue(kube: Kube) -> Iterator[KueueStack]:
+    """Kueue (TAS on) and JobSet beside the shared testbed (testbed/kueue.py), for the session:
+    started before any test's operator, which serves the Workload watch only when Kueue's
+    CRDs exist as it starts. Tests that use it are marked `kueue`."""
+    from testbed.kueue import KueueStack
+
+    testbed = kube.require_testbed("Kueue and JobSet run as local processes beside it")
+    session = KueueStack(testbed, jobset=True).session()
+    try:
+        running = session.__enter__()
+    except FileNotFoundError as err:
+        _unavailable(f"Kueue or JobSet not built (`testbed/build.sh kueue jobset`): {err}")
+        raise
+    try:
+        yield running
+    finally:
+        session.__exit__(None, None, None)
 
 
 @pytest.fixture(scope="session")

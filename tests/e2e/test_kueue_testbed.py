@@ -27,15 +27,7 @@ PODS = 4
 REQUIRED_RACK = "kueue.x-k8s.io/podset-required-topology"
 
 
-@pytest.fixture(scope="module")
-def kueue(kube: Kube) -> Iterator[KueueStack]:
-    testbed = kube.require_testbed("Kueue and JobSet run as local processes beside it")
-    stack = KueueStack(testbed, jobset=True)
-    try:
-        with stack.session() as running:
-            yield running
-    except FileNotFoundError as err:
-        pytest.skip(f"Kueue or JobSet not built: {err}")
+pytestmark = pytest.mark.kueue  # the `kueue` fixture: tests/conftest.py
 
 
 @pytest.fixture

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from testbed.harness_stack import Stack, step_losses
-from testbed.kube import Kube
 from testbed.kueue import KueueStack
 from testbed.kueue_queues import Flavor, KueueQueues, pool_flavor, topology_levels
 from testbed.procs import wait_until
@@ -31,13 +30,7 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 LOW, HIGH = "topotrain-e2e-low", "topotrain-e2e-high"
 
 
-@pytest.fixture(scope="module")
-def kueue(kube: Kube) -> Iterator[KueueStack]:
-    """Kueue beside the shared testbed, started before the test's operator (which serves the
-    Workload watch only when Kueue's CRDs exist as it starts)."""
-    testbed = kube.require_testbed("Kueue runs as a local process beside it")
-    with KueueStack(testbed).session() as running:
-        yield running
+pytestmark = pytest.mark.kueue  # the `kueue` fixture: tests/conftest.py
 
 
 @pytest.fixture
