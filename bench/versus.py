@@ -1,0 +1,293 @@
+"""topotrain against Kueue's topology-aware scheduling with JobSet: same testbed, same
+fragmented fleet, same seeded job stream, one run.
+
+    python bench/versus.py --quick                  # 40 nodes, 8 jobs: a few minutes
+    python bench/versus.py --nodes 1000 --jobs 40   # docs/benchmarks.md
+
+A private testbed (real API server, scheduler, controller manager; KWOK nodes, no trainer
+runs) gets bench/scale_workload.py's fleet (H100 and A100 pools of 8-GPU nodes in racks and
+blocks), then filler pods bound to random nodes holding `--used` of the GPUs in 1-8 GPU
+pieces (the fragmented cluster; they stay for both systems). Then, one system after the
+other, on that same state:
+
+- topotrain: the operator (`topotrain run --standalone`, its defaults), the stream as
+  TrainingJobs;
+- Kueue + JobSet: Kueue (TAS on), JobSet, a Topology with the operator's levels, a
+  ResourceFlavor per pool (H100 first), one ClusterQueue, a LocalQueue; the stream as the
+  JobSets of bench/versus_jobs.py (the annotations `topotrain.kueue` would ask for).
+
+Only one system's controllers run at a time. Measured per system, by the same pod poll:
+apply -> all pods Running per job, admissions per minute (jobs Running over first apply ->
+last Running), the cost model of docs/placement.md on the nodes each gang got; then a node
+loss (the Node object of a gang's pod 0 deleted, as a machine leaving) under one chosen job:
+time until the gang is all Running again off that node and the pods created meanwhile.
+The node and its filler pods are put back before the next system. `--yaml DIR` writes the
+manifests used (queue objects, one TrainingJob and one JobSet per kind).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import yaml
+from kubernetes import client
+from scale_runner import OperatorRun, install_crd, make_namespace, remove_namespace
+from scale_workload import JobShape, big_gang_pods, fleet, job_stream
+from topotrain.manifests import INDEX_LABEL, JOB_LABEL
+from versus_jobs import (
+    COMPLETION_INDEX_LABEL,
+    FILLER_NAMESPACE,
+    JOBSET_NAME_LABEL,
+    filler_pods,
+    fleet_pools,
+    jobset_manifest,
+)
+from versus_report import SystemResult, print_report
+from versus_watch import GangWatch, time_recovery
+
+from testbed.cluster import Testbed
+from testbed.kube import api_client
+from testbed.kueue import KueueStack
+from testbed.kueue_queues import KueueQueues, queue_manifests
+from testbed.nodes import apply_topology, wait_nodes_ready
+from testbed.topology import node_manifest, parse_topology, plan_nodes
+
+
+class Bench:
+    """The private testbed, its fleet and fillers, and what each system run needs of them."""
+
+    def __init__(self, bed: Testbed, api: client.ApiClient, args: argparse.Namespace) -> None:
+        self.bed, self.api, self.args = bed, api, args
+        self.core = client.CoreV1Api(api)
+        self.topology = fleet(args.nodes, "v-")
+        self.name = str(self.topology["name"])
+        names = apply_topology(bed.kubeconfig, self.topology)
+        wait_nodes_ready(bed.kubeconfig, names, timeout=900)
+        nodes = [api.sanitize_for_serialization(n) for n in self.core.list_node().items]
+        self.pools = fleet_pools(nodes)
+        gpus = [(n.name, n.allocatable) for pool in self.pools.values() for n in pool]
+        self.fillers = filler_pods(gpus, args.used, args.seed)
+        make_namespace(api, FILLER_NAMESPACE)
+        self._create_pods(self.fillers)
+        self.shapes = job_stream(args.jobs, args.big_pods or big_gang_pods(args.nodes),
+                                 args.interval, args.seed)  # fmt: skip
+        self.least = {s.name: s.pods if s.min_data is None else s.pods * s.min_data // s.data
+                      for s in self.shapes}  # fmt: skip
+        self.victim = ""  # the job whose node is lost: set by the first system's run
+
+    def _create_pods(self, pods: Sequence[dict[str, Any]]) -> None:
+        def create(pod: dict[str, Any]) -> None:
+            with contextlib.suppress(client.ApiException):
+                self.core.create_namespaced_pod(pod["metadata"]["namespace"], pod)
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(create, pods))
+
+    def kill_node(self, node: str) -> None:
+        self.core.delete_node(node)
+
+    def restore_node(self, node: str) -> None:
+        """The deleted node again, with its filler pods, so the next system starts the same."""
+        plan = next(p for p in plan_nodes(parse_topology(self.topology)) if p.name == node)
+        with contextlib.suppress(client.ApiException):
+            self.core.create_node(node_manifest(plan, self.name))
+        wait_nodes_ready(self.bed.kubeconfig, [node], timeout=120)
+        self._create_pods([p for p in self.fillers if p["spec"]["nodeName"] == node])
+
+    def queues(self, namespace: str) -> KueueQueues:
+        return queue_manifests(parse_topology(self.topology), namespace, prefix="versus")
+
+    def run(self, system: str, namespace: str, job_label: str, index_label: str,
+            create: Any) -> SystemResult:  # fmt: skip
+        """Apply the stream with `create(shape)`, wait, measure, kill a node, time recovery."""
+        watch = GangWatch(self.api, namespace, job_label, index_label, self.least)
+        try:
+            origin = time.monotonic()
+            for shape in self.shapes:
+                delay = origin + shape.at - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                watch.applied(shape.name, time.time())
+                create(shape)
+            self._settle(watch)
+            result = SystemResult(system, self.shapes, watch.snapshot(), self.pools)
+            if not self.victim:  # the largest gang that ran, the same job for both systems
+                ran = [s for s in self.shapes if s.name in result.placed]
+                self.victim = (
+                    max(ran, key=lambda s: len(result.placed[s.name].nodes)).name if ran else ""
+                )
+            gang = result.gangs.get(self.victim)
+            if gang is not None and gang.running is not None:
+                node = gang.nodes[min(gang.nodes)]
+                result.recovery = time_recovery(
+                    watch,
+                    self.victim,
+                    self.least[self.victim],
+                    self.kill_node,
+                    node,
+                    self.args.recovery_timeout,
+                )
+                self.restore_node(node)
+            return result
+        finally:
+            watch.close()
+
+    def _settle(self, watch: GangWatch) -> None:
+        deadline = time.monotonic() + self.args.timeout
+        while time.monotonic() < deadline:
+            gangs = watch.snapshot()
+            if all(g.running is not None for g in gangs.values()):
+                return
+            if time.time() - watch.last_change > self.args.settle:
+                return
+            time.sleep(0.5)
+
+
+def trainingjob(
+    shape: JobShape, topology: str, namespace: str = "versus-topotrain"
+) -> dict[str, Any]:
+    """The stream's TrainingJob, with no restart backoff: JobSet's Recreate has none (the
+    operator's default waits 10 s before the first restart)."""
+    body = shape.manifest(namespace, topology)
+    body["spec"]["failurePolicy"]["backoffSeconds"] = 0
+    return body
+
+
+def run_topotrain(bench: Bench) -> SystemResult:
+    namespace = "versus-topotrain"
+    custom = client.CustomObjectsApi(bench.api)
+    install_crd(bench.api)
+    make_namespace(bench.api, namespace)
+    # The filler pods' namespace too: an operator limited to namespaces indexes only their
+    # pods, and would not see the GPUs the fillers hold.
+    operator = OperatorRun(bench.bed, f"{namespace},{FILLER_NAMESPACE}", None)
+    operator.start(timeout=180)
+    try:
+
+        def create(shape: JobShape) -> None:
+            custom.create_namespaced_custom_object(
+                "topotrain.io",
+                "v1alpha1",
+                namespace,
+                "trainingjobs",
+                trainingjob(shape, bench.name),
+            )
+
+        print("[topotrain] applying the stream", file=sys.stderr, flush=True)
+        return bench.run("topotrain", namespace, JOB_LABEL, INDEX_LABEL, create)
+    finally:
+        operator.stop()
+        remove_namespace(bench.api, namespace)
+
+
+def run_kueue(bench: Bench) -> SystemResult:
+    namespace = "versus-kueue"
+    custom = client.CustomObjectsApi(bench.api)
+    stack = KueueStack(bench.bed, jobset=True)
+    stack.start()
+    try:
+        make_namespace(bench.api, namespace)
+        queues = bench.queues(namespace)
+        stack.apply(queues.manifests())
+        stack.wait_cluster_queue_active(queues.cluster_queue)
+
+        def create(shape: JobShape) -> None:
+            body = jobset_manifest(shape, namespace, bench.name, queues.local_queue, queues.levels)
+            custom.create_namespaced_custom_object(
+                "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", body
+            )
+
+        print("[kueue] applying the stream", file=sys.stderr, flush=True)
+        result = bench.run("Kueue TAS + JobSet", namespace, JOBSET_NAME_LABEL,
+                           COMPLETION_INDEX_LABEL, create)  # fmt: skip
+        result.log_tail = stack.log_tail(5)
+        return result
+    finally:
+        with contextlib.suppress(client.ApiException):
+            client.CoreV1Api(bench.api).delete_namespace(namespace)
+        stack.stop()
+
+
+def write_yaml(bench: Bench, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    queues = bench.queues("versus-kueue")
+    (out / "kueue-queues.yaml").write_text(yaml.safe_dump_all(queues.manifests(), sort_keys=False))
+    seen: set[str] = set()
+    for shape in bench.shapes:
+        if shape.kind in seen:
+            continue
+        seen.add(shape.kind)
+        job = trainingjob(shape, bench.name)
+        jobset = jobset_manifest(
+            shape, "versus-kueue", bench.name, queues.local_queue, queues.levels
+        )
+        (out / f"{shape.kind}-trainingjob.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+        (out / f"{shape.kind}-jobset.yaml").write_text(yaml.safe_dump(jobset, sort_keys=False))
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="40 nodes, 8 jobs (CI)")
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--jobs", type=int, default=40)
+    parser.add_argument("--big-pods", type=int)
+    parser.add_argument(
+        "--used", type=float, default=0.5, help="fraction of GPUs held by filler pods"
+    )
+    parser.add_argument("--interval", type=float, default=1.0, help="mean seconds between arrivals")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--settle", type=float, default=20.0, help="seconds without a gang Running")
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--recovery-timeout", type=float, default=240.0)
+    parser.add_argument("--node-lease-seconds", type=int, default=40)
+    parser.add_argument("--state", type=Path, help="testbed state folder to keep (logs)")
+    parser.add_argument("--yaml", type=Path, help="write the manifests used into this folder")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.nodes, args.jobs, args.settle, args.used = 40, 8, 10.0, 0.3
+        args.recovery_timeout = 120.0
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    with ExitStack() as stack:
+        state = (
+            str(args.state)
+            if args.state
+            else stack.enter_context(tempfile.TemporaryDirectory(prefix="topotrain-versus-"))
+        )
+        bed = Testbed(state, node_lease_seconds=args.node_lease_seconds)
+        stack.callback(bed.down)
+        bed.up()
+        api = stack.enter_context(api_client(bed.kubeconfig))
+        start = time.monotonic()
+        bench = Bench(bed, api, args)
+        print(f"fleet of {args.nodes} nodes and {len(bench.fillers)} filler pods in "
+              f"{time.monotonic() - start:.0f}s", file=sys.stderr, flush=True)  # fmt: skip
+        if args.yaml:
+            write_yaml(bench, args.yaml)
+        results = [run_topotrain(bench), run_kueue(bench)]
+    return print_report(results, args)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
+    sys.exit(130)

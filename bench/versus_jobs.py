@@ -1,0 +1,172 @@
+"""bench/versus.py's jobs, pure: each benchmark job as a Kueue user writes it (a JobSet), the
+filler pods that fragment the fleet, and the cost model evaluated on the nodes a gang got.
+
+A JobSet gets what `topotrain.kueue` asks of Kueue for the same TrainingJob, as annotations
+on its pod template: the gang preferred inside one block
+(`kueue.x-k8s.io/podset-preferred-topology`), and the one slice layer Kueue takes
+(`podset-slice-required-topology` + `podset-slice-size`) where the parallelism needs one. One
+replicated Job of `pods` completions, so pod index = completion index = the rank order
+`tp-pp-dp` that topotrain uses (Kueue's TAS orders JobSet pods by that index too). The
+acceptable GPU products are a required node affinity; their order cannot be expressed (the
+ClusterQueue's flavor order decides). `minData` cannot be expressed either: a JobSet's
+size is fixed.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from scale_workload import GPUS_PER_POD, JobShape
+from topotrain.api import TrainingJobSpec
+from topotrain.kueue import topology_request
+from topotrain.placement import GangRequest, Mesh, evaluate
+from topotrain.placement.cost import DomainIndex
+from topotrain.topology import Inventory, NodeInfo, TopologyLevels
+
+from testbed.binaries import KEEP_RUNNING_LABEL
+from testbed.kueue import QUEUE_LABEL
+from testbed.topology import GPU_RESOURCE, PRODUCT_LABEL, TOPOLOGY_LABEL
+
+ANNOTATIONS = {
+    "required": "kueue.x-k8s.io/podset-required-topology",
+    "preferred": "kueue.x-k8s.io/podset-preferred-topology",
+    "podSetSliceRequiredTopology": "kueue.x-k8s.io/podset-slice-required-topology",
+    "podSetSliceSize": "kueue.x-k8s.io/podset-slice-size",
+}
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+FILLER_NAMESPACE = "versus-filler"
+FILLER_SIZES = (1, 2, 4, 8, 8, 8, 8)  # GPUs a filler pod holds: whole nodes 4 times in 7
+
+
+def kueue_annotations(shape: JobShape, topology: str, levels: TopologyLevels) -> dict[str, str]:
+    """`topotrain.kueue.topology_request` of the shape's TrainingJob, as JobSet annotations."""
+    spec = TrainingJobSpec.model_validate(shape.manifest("ns", topology)["spec"])
+    request = topology_request(spec, levels)
+    return {ANNOTATIONS[key]: str(value) for key, value in request.items()}
+
+
+def jobset_manifest(
+    shape: JobShape, namespace: str, topology: str, queue: str, levels: TopologyLevels,
+    restart_strategy: str = "Recreate",
+) -> dict[str, Any]:  # fmt: skip
+    """The JobSet for `shape`: suspended, queued, `shape.pods` pods of 8 GPUs."""
+    gpus = str(GPUS_PER_POD)
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {
+                                "key": PRODUCT_LABEL,
+                                "operator": "In",
+                                "values": list(shape.gpu_types),
+                            }
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+    container = {
+        "name": "trainer",
+        "image": "topotrain/trainer:bench",
+        "resources": {"requests": {GPU_RESOURCE: gpus}, "limits": {GPU_RESOURCE: gpus}},
+    }
+    template = {
+        "metadata": {
+            "annotations": kueue_annotations(shape, topology, levels),
+            "labels": {KEEP_RUNNING_LABEL: "true"},
+        },  # KWOK: no instant completion
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [container],
+            "affinity": affinity,
+            "nodeSelector": {TOPOLOGY_LABEL: topology},
+        },
+    }
+    job = {
+        "parallelism": shape.pods,
+        "completions": shape.pods,
+        "completionMode": "Indexed",
+        "backoffLimit": 0,
+        "template": template,
+    }
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": shape.name, "namespace": namespace,
+                     "labels": {QUEUE_LABEL: queue, "bench.topotrain.io/kind": shape.kind}},
+        "spec": {
+            "suspend": True,
+            "failurePolicy": {"maxRestarts": 5, "restartStrategy": restart_strategy},
+            "replicatedJobs": [{"name": "workers", "replicas": 1, "template": {"spec": job}}],
+        },
+    }  # fmt: skip
+
+
+def filler_pods(nodes: Sequence[tuple[str, int]], used: float, seed: int) -> list[dict[str, Any]]:
+    """Pods bound straight to nodes ((name, GPUs) pairs) holding `used` of their GPUs, in
+    seeded random sizes on random nodes with room: the fragmented cluster."""
+    rng = random.Random(seed)
+    free = dict(nodes)
+    names = sorted(free)
+    target = int(used * sum(free.values()))
+    pods: list[dict[str, Any]] = []
+    while target > 0:
+        size = min(target, rng.choice(FILLER_SIZES))
+        room = [n for n in names if free[n] >= size] or [n for n in names if free[n] > 0]
+        node = rng.choice(room)
+        size = min(size, free[node])
+        free[node] -= size
+        target -= size
+        pods.append({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"filler-{len(pods)}", "namespace": FILLER_NAMESPACE,
+                         "labels": {"app.kubernetes.io/name": "versus-filler"}},
+            "spec": {"nodeName": node, "automountServiceAccountToken": False,
+                     "containers": [{"name": "hold", "image": "testbed.invalid/filler:0",
+                                     "resources": {"requests": {GPU_RESOURCE: str(size)},
+                                                   "limits": {GPU_RESOURCE: str(size)}}}]},
+        })  # fmt: skip
+    return pods
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Where one gang ran: node per pod index, and the cost model on those nodes."""
+
+    nodes: tuple[str, ...]
+    cost: int
+    rack: int
+    block: int
+
+
+def placement_cost(
+    shape: JobShape, pod_nodes: Mapping[int, str], pools: Mapping[str, list[NodeInfo]]
+) -> Placed | None:
+    """docs/placement.md's cost of the gang on `pod_nodes` (pod index -> node), at the data
+    degree it got; None when the indices are not 0..n-1 of one pool in whole replicas."""
+    count = len(pod_nodes)
+    per_replica = shape.tensor * shape.pipeline // GPUS_PER_POD
+    if not count or count % per_replica or sorted(pod_nodes) != list(range(count)):
+        return None
+    pool = next((nodes for nodes in pools.values()
+                 if {n.name for n in nodes} >= set(pod_nodes.values())), None)  # fmt: skip
+    if pool is None:
+        return None
+    index = DomainIndex(pool)
+    position = {name: i for i, name in enumerate(index.names)}
+    request = GangRequest(tensor=shape.tensor, pipeline=shape.pipeline,
+                          data=count // per_replica, gpus_per_pod=GPUS_PER_POD)  # fmt: skip
+    assign = [position[pod_nodes[i]] for i in range(count)]
+    cost = evaluate(Mesh.build(request), index, assign)
+    return Placed(tuple(pod_nodes[i] for i in range(count)), cost.total, cost.rack, cost.block)
+
+
+def fleet_pools(node_dicts: Sequence[Mapping[str, Any]]) -> dict[str, list[NodeInfo]]:
+    """The fleet's nodes by pool, as the cost model indexes them (free GPUs do not matter)."""
+    return Inventory.from_snapshot(node_dicts, [], TopologyLevels()).pools()

@@ -1,0 +1,143 @@
+"""bench/versus.py's tables: placement cost per job, latency and admissions, recovery after a
+node loss, and what each system cannot express, as rows."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from scale_workload import JobShape
+from topotrain.topology import NodeInfo
+from versus_jobs import Placed, placement_cost
+from versus_watch import Gang, Recovery
+
+# What a user of each system can ask for, from the benchmark's own job kinds and the docs
+# of each API (Kueue v0.17 TAS annotations, JobSet v1alpha2, TrainingJob v1alpha1).
+EXPRESSIVENESS = (
+    ("elastic shrink under required topology (minData < data)", "yes: the planner picks the "
+     "largest allowed data degree that fits", "no: a JobSet's size is fixed; the elastic jobs run "
+     "at full size or wait"),
+    ("two GPU types in preference order per job", "yes: worker.gpuTypes is ordered",
+     "no: the ClusterQueue's flavor order holds for every job; a job can only restrict types"),
+    ("TP group in one NVLink domain where pools differ (cliques vs. one board a node)",
+     "yes: the NVLink level falls back to the node per pool", "one label per annotation: a "
+     "Topology level missing on some nodes hides them from TAS, so the level is the hostname"),
+    ("pipeline neighbours close, DP groups in few racks (a cost, not a rule)",
+     "yes: the cost model of docs/placement.md", "preferred level for the whole gang only"),
+    ("recovery after a node loss", "incremental: only lost pods re-planned",
+     "JobSet Recreate (all pods) + Kueue TAS node replacement"),
+)  # fmt: skip
+
+
+@dataclass
+class SystemResult:
+    system: str
+    shapes: Sequence[JobShape]
+    gangs: dict[str, Gang]
+    pools: Mapping[str, list[NodeInfo]]
+    recovery: Recovery | None = None
+    log_tail: str = ""
+    placed: dict[str, Placed] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for shape in self.shapes:
+            gang = self.gangs.get(shape.name)
+            if gang is not None and gang.running is not None:
+                placed = placement_cost(shape, gang.nodes, self.pools)
+                if placed is not None:
+                    self.placed[shape.name] = placed
+
+    def latencies(self) -> list[float]:
+        return sorted(g.running - g.applied for g in self.gangs.values()
+                      if g.running is not None and g.applied)  # fmt: skip
+
+    def admissions_per_minute(self) -> float:
+        done = [g.running for g in self.gangs.values() if g.running is not None]
+        applied = [g.applied for g in self.gangs.values() if g.applied]
+        if not done or not applied:
+            return 0.0
+        span = max(done) - min(applied)
+        return len(done) * 60 / span if span > 0 else float("nan")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    pos = q * (len(values) - 1)
+    low = int(pos)
+    high = min(low + 1, len(values) - 1)
+    return values[low] + (values[high] - values[low]) * (pos - low)
+
+
+def fmt(value: float | None) -> str:
+    if value is None or value != value:
+        return "-"
+    return f"{value:.0f}" if abs(value) >= 100 or float(value).is_integer() else f"{value:.2f}"
+
+
+def table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    print("| " + " | ".join(head) + " |")
+    print("|" + "|".join("---" for _ in head) + "|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
+def print_report(results: Sequence[SystemResult], args: argparse.Namespace) -> int:
+    ours, theirs = results
+    print(f"\n### topotrain against {theirs.system}: {args.nodes} nodes, {int(args.used * 100)}% "
+          f"of GPUs held by filler pods, {args.jobs} jobs (seed {args.seed})\n")  # fmt: skip
+    print(
+        "Placement cost (docs/placement.md) on the nodes each gang got; pods at the size it ran\n"
+    )
+    rows, logs, worse = [], [], []
+    for shape in ours.shapes:
+        a, b = ours.placed.get(shape.name), theirs.placed.get(shape.name)
+        ratio = "-"
+        if a and b and len(a.nodes) == len(b.nodes):
+            r = max(b.cost, 1) / max(a.cost, 1)
+            logs.append(math.log(r))
+            ratio = f"{r:.2f}x"
+            if a.cost > b.cost:
+                worse.append(shape.name)
+        rows.append([shape.name, str(shape.pods), _cell(a), _cell(b), ratio])
+    table(["job", "pods asked", f"{ours.system} pods: cost/rack/block",
+           f"{theirs.system} pods: cost/rack/block", "their cost / ours"], rows)  # fmt: skip
+    geo = math.exp(sum(logs) / len(logs)) if logs else float("nan")
+    print(f"\ngeo-mean cost ratio ({theirs.system} / {ours.system}) over {len(logs)} jobs placed "
+          f"by both at the same size: {fmt(geo)}x; jobs where {ours.system} costs more: "
+          f"{len(worse)} {worse if worse else ''}\n")  # fmt: skip
+    lat_rows = []
+    for result in results:
+        lat = result.latencies()
+        lat_rows.append([result.system, f"{len(lat)}/{len(result.shapes)}", fmt(percentile(lat, 0.5)),
+                         fmt(percentile(lat, 0.95)), fmt(lat[-1] if lat else None),
+                         fmt(result.admissions_per_minute())])  # fmt: skip
+    table(["system", "jobs Running", "apply->Running p50 s", "p95 s", "max s", "admissions/min"],
+          lat_rows)  # fmt: skip
+    print()
+    rec_rows = []
+    for result in results:
+        rec = result.recovery
+        rec_rows.append(
+            [
+                result.system,
+                rec.node if rec else "-",
+                fmt(rec.seconds) if rec else "-",
+                str(rec.pods_created) if rec else "-",
+            ]
+        )
+    table(["system", "node deleted", "node loss -> all pods Running s", "pods created"], rec_rows)
+    print()
+    table(["can a user express", ours.system, theirs.system], [list(r) for r in EXPRESSIVENESS])
+    missing = [s.name for s in theirs.shapes if s.name not in theirs.placed]
+    if missing and theirs.log_tail:
+        print(f"\nnot Running under {theirs.system}: {missing}\n{theirs.log_tail}")
+    return 0
+
+
+def _cell(placed: Placed | None) -> str:
+    if placed is None:
+        return "not Running"
+    return f"{len(placed.nodes)}: {placed.cost}/{placed.rack}/{placed.block}"

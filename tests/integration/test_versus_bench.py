@@ -1,0 +1,71 @@
+"""bench/versus.py's quick form, seeded: topotrain and Kueue TAS + JobSet on one private
+40-node testbed, 8 jobs each, a node loss under each.
+
+The benchmark starts its own testbed (a temporary state directory, stopped at the end), so
+this test neither uses nor disturbs the session's; it needs the testbed binaries, Kueue and
+JobSet included. A few minutes on a quiet 2-core machine. It checks that both systems ran
+the stream and that the report has every table, not the figures.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture
+def versus() -> Iterator[ModuleType]:
+    from testbed.binaries import binary, kwok_stages
+    from testbed.kueue import crd_dir
+
+    try:
+        for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+                     "kubectl", "kueue", "jobset"):  # fmt: skip
+            binary(name)
+        kwok_stages()
+        crd_dir("kueue")
+        crd_dir("jobset")
+    except FileNotFoundError as err:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{err} (CI=true: not skipping)", pytrace=False)
+        pytest.skip(str(err))
+    saved_path, saved_modules = list(sys.path), set(sys.modules)
+    spec = importlib.util.spec_from_file_location("bench_versus", BENCH / "versus.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    try:
+        yield module
+    finally:
+        sys.path[:] = saved_path
+        for name in set(sys.modules) - saved_modules:
+            if name.startswith(("bench_versus", "versus_", "scale_")):
+                del sys.modules[name]
+
+
+def test_quick_versus_runs_both_systems_and_prints_every_table(
+    versus: ModuleType, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code = versus.main(["--quick", "--seed", "1", "--yaml", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0
+    for heading in ("| job | pods asked |", "| system | jobs Running |", "| system | node deleted |",
+                    "| can a user express |"):  # fmt: skip
+        assert heading in out, out
+    rows = [line for line in out.splitlines() if line.startswith(("| topotrain |", "| Kueue"))]
+    running = {cells[1].strip(): cells[2].strip() for cells in (r.split("|") for r in rows[:2])}
+    for system, count in running.items():
+        assert not count.startswith("0/"), f"{system} ran no job:\n{out}"
+    assert {p.name for p in tmp_path.iterdir()} >= {"kueue-queues.yaml", "small-jobset.yaml",
+                                                    "small-trainingjob.yaml"}  # fmt: skip
