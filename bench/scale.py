@@ -157,7 +157,7 @@ def run_size(bed: Testbed, proxy: RequestCounter | None, run: int, nodes: int, s
         operator = OperatorRun(bed, namespace, proxy)
         stack.callback(operator.stop)
         operator.start(timeout=args.start_timeout or max(180.0, nodes * 0.3))
-        health = operator.probe_health()
+        health = operator.health
         recorder = JobRecorder(api, namespace)
         stack.callback(recorder.close)
         print(f"[{nodes} nodes] Ready in {ready_s:.0f}s; operator up in {operator.started_s:.0f}s; "

@@ -326,13 +326,15 @@ class ProbeSettings:
 class HealthProbe:
     """Polls the operator's /healthz every `every` seconds, as the kubelet's liveness probe
     would but more often: each answer's latency, and the misses (an error, or no answer within
-    the chart's timeoutSeconds)."""
+    the chart's timeoutSeconds). Started with the process: until the endpoint first answers
+    (`up_after`), a refusal is not a miss."""
 
     def __init__(self, port: int, probe: ProbeSettings, every: float = 1.0) -> None:
         self.port, self.probe, self.every = port, probe, every
         self.latencies: list[float] = []
         self.misses: list[float] = []  # time.time() of each miss
         self.why: Counter[str] = Counter()  # what each miss was
+        self.began, self.up_after = time.monotonic(), float("nan")  # seconds to the first answer
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="health-probe", daemon=True)
         self._thread.start()
@@ -365,7 +367,11 @@ class HealthProbe:
             self.latencies.append(took)
             if not why and took >= self.probe.timeout_s:
                 why = "slow"
-            if why:
+            if not why and self.up_after != self.up_after:
+                self.up_after = time.monotonic() - self.began
+            if why and self.up_after != self.up_after:
+                self.latencies.pop()  # not serving yet
+            elif why:
                 self.misses.append(time.time())
                 self.why[why] += 1
             self._stop.wait(max(0.0, self.every - took))

@@ -126,6 +126,7 @@ class OperatorRun:
             env=env, cwd=REPO,
         )
         began = time.monotonic()
+        self.health = HealthProbe(self.health_port, ProbeSettings.from_chart(CHART_VALUES))
         deadline = began + timeout
         while not self._serving():
             if not self.process.running():
@@ -137,10 +138,6 @@ class OperatorRun:
         if self.proxy is None:
             time.sleep(5.0)  # no view of its watches: give its initial lists time
 
-    def probe_health(self) -> HealthProbe:
-        """Start polling /healthz (stopped with the operator)."""
-        self.health = HealthProbe(self.health_port, ProbeSettings.from_chart(CHART_VALUES))
-        return self.health
 
     def watch_events(self) -> float:
         """Watch events the operator has handled so far."""

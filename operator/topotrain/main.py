@@ -14,7 +14,7 @@ from typing import Any
 
 import kopf
 
-from topotrain import GROUP, KIND, PLURAL, VERSION
+from topotrain import GROUP, KIND, PLURAL, VERSION, kopf_readiness
 from topotrain.fleet import Fleet
 from topotrain.handlers_jobs import JobLoop, Operator
 from topotrain.kube import Kube, load_config
@@ -170,6 +170,7 @@ def _run(args: argparse.Namespace) -> int:
     if not SETTINGS.verbose:  # kopf reports every successful watch handler at INFO
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     liveness = f"http://0.0.0.0:{SETTINGS.health_port}/healthz" if SETTINGS.health_port else None
+    kopf_readiness.install()  # a fleet of thousands of nodes is listed in seconds, not minutes
     asyncio.run(kopf.operator(
         clusterwide=SETTINGS.cluster_wide,
         namespaces=list(SETTINGS.namespaces),
