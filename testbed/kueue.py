@@ -26,6 +26,7 @@ import contextlib
 import fcntl
 import json
 import os
+import ssl
 import subprocess
 import urllib.error
 import urllib.request
@@ -45,7 +46,9 @@ if TYPE_CHECKING:
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_NAMESPACE = "kueue-system"
-METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
+# Where testbed/build.sh's Kueue reads its metrics certificate: relative to its working
+# directory (upstream's fixed /etc/kueue/metrics/certs would change the host).
+METRICS_CERT_SUBDIR = "metrics-certs"
 WEBHOOK_PREFIX = "topotrain-testbed-"
 CERT_STEM = "local-webhooks"
 
@@ -312,7 +315,7 @@ class KueueStack:
         self._cert_dir.mkdir(parents=True, exist_ok=True)
         for src, dst in ((f"{CERT_STEM}.crt", "tls.crt"), (f"{CERT_STEM}.key", "tls.key")):
             (self._cert_dir / dst).write_bytes((pki / src).read_bytes())
-        _ensure_metrics_cert(self._cert_dir)
+        _ensure_metrics_cert(self._cert_dir, self.dir)
         changed = False
         wanted = {"kueue": kueue_config(ports, self._cert_dir, jobset=self.jobset, qps=self.qps,
                                         burst=self.burst)}  # fmt: skip
@@ -365,6 +368,14 @@ class KueueStack:
     def _register_webhooks(self, ports: StackPorts) -> None:
         ca = base64.b64encode((self.testbed.layout.pki / "ca.crt").read_bytes()).decode()
         kueue_hooks = KUEUE_WEBHOOKS + (KUEUE_JOBSET_WEBHOOKS if self.jobset else ())
+        # /readyz only says the webhook server listens: JobSet registers its handlers later,
+        # and a configuration pointing at a path not yet served fails requests with a 404.
+        served = [(ports.kueue_webhook, h.path) for h in kueue_hooks]
+        if self.jobset:
+            served += [(ports.jobset_webhook, h.path) for h in JOBSET_WEBHOOKS]
+        cafile = str(self.testbed.layout.pki / "ca.crt")
+        wait_until(lambda: all(_path_served(port, path, cafile) for port, path in served),
+                   timeout=60, what="the webhook handlers", interval=0.3)  # fmt: skip
         objects = webhook_configurations("kueue", kueue_hooks, ports.kueue_webhook, ca)
         if self.jobset:
             objects += webhook_configurations("jobset", JOBSET_WEBHOOKS, ports.jobset_webhook, ca)
@@ -387,20 +398,28 @@ class KueueStack:
         return result
 
 
-def _ensure_metrics_cert(cert_dir: Path) -> None:
-    """Kueue opens /etc/kueue/metrics/certs/tls.{crt,key} at start when its own certificate
-    management is off; any valid pair does while metrics are off."""
-    if (METRICS_CERT_DIR / "tls.crt").exists() and (METRICS_CERT_DIR / "tls.key").exists():
-        return
+def _ensure_metrics_cert(cert_dir: Path, state: Path) -> None:
+    """Kueue opens <its working directory>/metrics-certs/tls.{crt,key} at start when its own
+    certificate management is off (testbed/build.sh's build; see there); any valid pair does
+    while metrics are off."""
+    target = state / METRICS_CERT_SUBDIR
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("tls.crt", "tls.key"):
+        (target / name).write_bytes((cert_dir / name).read_bytes())
+
+
+def _path_served(port: int, path: str, cafile: str) -> bool:
+    """A handler answers `path` (an empty review is refused with 400, not 404)."""
+    context = ssl.create_default_context(cafile=cafile)
+    request = urllib.request.Request(f"https://127.0.0.1:{port}{path}", data=b"{}",
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
     try:
-        METRICS_CERT_DIR.mkdir(parents=True, exist_ok=True)
-        for name in ("tls.crt", "tls.key"):
-            (METRICS_CERT_DIR / name).write_bytes((cert_dir / name).read_bytes())
-    except OSError as err:
-        raise RuntimeError(
-            f"Kueue needs a certificate pair in {METRICS_CERT_DIR} and this user cannot write "
-            f"it ({err}); copy {cert_dir}/tls.crt and tls.key there once"
-        ) from err
+        with urllib.request.urlopen(request, timeout=3, context=context):
+            return True
+    except urllib.error.HTTPError as err:
+        return err.code != 404
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def _ready(port: int) -> bool:
