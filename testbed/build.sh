@@ -133,6 +133,9 @@ build_versitygw() {
 # Built inside the module's own directory, with its own go.mod and go.sum (`go install
 # sigs.k8s.io/kueue/cmd/kueue@v` first asks the proxy for a module at the package path,
 # which it refuses with 403, not 404, and go install stops there).
+# Built inside the module's own source, with its own go.mod and go.sum (`go install
+# sigs.k8s.io/kueue/cmd/kueue@v` first asks the proxy for a module at the package path,
+# which it refuses with 403, not 404, and go install stops there).
 build_in_module() {
   local name=$1 module=$2 v=$3 pkg=$4
   stamped "$name" "$v" && return 0
@@ -141,10 +144,30 @@ build_in_module() {
   (cd "$src" && go build -trimpath -ldflags "-s -w ${5:-}" -o "$bin/$name" "$pkg")
   stamp "$name" "$v"
 }
+# Kueue reads its metrics certificate from the fixed path /etc/kueue/metrics/certs whenever
+# its own certificate management is off (cmd/kueue/main.go), metrics served or not. Writing
+# under /etc would change the host, so the testbed's Kueue reads it relative to its working
+# directory (testbed/kueue.py starts it in its state directory): a copy of the module's source
+# (go refuses -overlay files in the module cache) with that one string replaced; a version
+# whose main.go no longer names the path fails here rather than build something else.
+KUEUE_METRICS_CERTS=metrics-certs
 build_kueue() {
-  build_in_module kueue sigs.k8s.io/kueue "$KUEUE_VERSION" ./cmd/kueue \
-    "-X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION"
-  module_crds kueue sigs.k8s.io/kueue "$KUEUE_VERSION"
+  local v=$KUEUE_VERSION stampv="$KUEUE_VERSION+$KUEUE_METRICS_CERTS"
+  module_crds kueue sigs.k8s.io/kueue "$v"
+  stamped kueue "$stampv" && return 0
+  local src dir="$cache/build/kueue-$v"
+  src=$(go mod download -json "sigs.k8s.io/kueue@$v" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  grep -q '"/etc/kueue/metrics/certs"' "$src/cmd/kueue/main.go" || {
+    log "kueue $v: cmd/kueue/main.go no longer names /etc/kueue/metrics/certs; update build_kueue"
+    return 1
+  }
+  rm -rf "$dir" && mkdir -p "$dir"
+  cp -r "$src" "$dir/src" && chmod -R u+w "$dir/src"
+  sed -i 's#"/etc/kueue/metrics/certs"#"'"$KUEUE_METRICS_CERTS"'"#' "$dir/src/cmd/kueue/main.go"
+  (cd "$dir/src" && go build -trimpath -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$v" \
+    -o "$bin/kueue" ./cmd/kueue)
+  rm -rf "$dir"
+  stamp kueue "$stampv"
 }
 build_jobset() {
   build_in_module jobset sigs.k8s.io/jobset "$JOBSET_VERSION" .

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VALID = sorted((ROOT / "examples").glob("*.yaml"))
+VALID = [*sorted((ROOT / "examples").glob("*.yaml")), ROOT / "examples" / "kueue" / "job.yaml"]
 INVALID = sorted((ROOT / "examples" / "invalid").glob("*.yaml"))
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from topotrain.api import TrainingJobSpec
 from topotrain.contract import CHECKPOINT_REQUEST
 from topotrain.kube import Kube
+from topotrain.kueue import TAS_POD_ANNOTATION
 from topotrain.manifests import (
     JobMeta,
     PodPlan,
@@ -47,6 +48,9 @@ class Actuator:
         self.problem: tuple[str, str] | None = None
         # pods the last apply found gone (404) though the pass's snapshot showed them
         self.gone: list[str] = []
+        # nodes of Kueue's topology assignment: a pod placed on one is marked as a TAS pod, so
+        # Kueue counts its GPUs through the Workload only (kueue.TAS_POD_ANNOTATION)
+        self.tas_hosts: frozenset[str] = frozenset()
 
     def apply(
         self, key: JobKey, body: Mapping[str, Any], spec: TrainingJobSpec, decision: Decision,
@@ -97,7 +101,7 @@ class Actuator:
 
     def _manifests(self, job: JobMeta, spec: TrainingJobSpec, launch: Launch) -> list[dict[str, Any]]:
         settings = self.settings
-        return [
+        manifests = [
             pod(job, spec, PodPlan(
                 attempt=launch.attempt, index=i, node=launch.assignments[i], data=launch.data,
                 resume_step=launch.resume_step, master_port=settings.master_port,
@@ -105,6 +109,11 @@ class Actuator:
             ))
             for i in launch.only or tuple(sorted(launch.assignments))
         ]
+        for manifest, i in zip(manifests, launch.only or sorted(launch.assignments), strict=True):
+            if launch.assignments[i] in self.tas_hosts:
+                manifest["metadata"].setdefault("annotations", {})[TAS_POD_ANNOTATION] = (
+                    settings.labels.block)
+        return manifests
 
     def _launch(
         self, key: JobKey, job: JobMeta, spec: TrainingJobSpec, launch: Launch,

@@ -30,9 +30,10 @@ from topotrain.handlers_act import Actuator
 from topotrain.handlers_observe import Observer
 from topotrain.handlers_queue import QueueLink, QueueView, queue_name
 from topotrain.kube import Kube
+from topotrain.kueue import within_assignment
 from topotrain.manifests import template_hash
 from topotrain.metrics import METRICS
-from topotrain.planning import PlacementPlanner, PlanOutcome
+from topotrain.planning import PlacementPlanner, Planner, PlanOutcome
 from topotrain.policy import avoided_nodes
 from topotrain.reconcile_status import CheckpointView, StatusBuilder, iso
 from topotrain.settings import Settings
@@ -158,19 +159,36 @@ class Operator:
         return entry[1] if entry is not None and entry[0] == uid else None
 
 
+class FirstFeasible:
+    """Plans on `first` (Kueue's assigned nodes), and on `second` (the admitted flavor's
+    nodes) only when nothing fits on `first` (a node of the assignment was lost)."""
+
+    def __init__(self, first: Planner, second: Planner) -> None:
+        self.first, self.second = first, second
+
+    def plan(self, low: int, high: int) -> PlanOutcome:
+        outcome = self.first.plan(low, high)
+        return outcome if outcome.feasible else self.second.plan(low, high)
+
+    def replan(self, previous: Mapping[int, str], lost: frozenset[str], low: int, high: int
+               ) -> PlanOutcome:
+        outcome = self.first.replan(previous, lost, low, high)
+        return outcome if outcome.feasible else self.second.replan(previous, lost, low, high)
+
+
 class LazyPlanner:
     """Builds the inventory only when the reconciler actually asks for a plan."""
 
-    def __init__(self, make: Callable[[], PlacementPlanner]) -> None:
+    def __init__(self, make: Callable[[], Planner]) -> None:
         self._make = make
-        self._planner: PlacementPlanner | None = None
+        self._planner: Planner | None = None
 
     @property
     def used(self) -> bool:
         """The reconciler asked for a plan (its inventory was built)."""
         return self._planner is not None
 
-    def _get(self) -> PlacementPlanner:
+    def _get(self) -> Planner:
         if self._planner is None:
             self._planner = self._make()
         return self._planner
@@ -280,6 +298,7 @@ class JobLoop:
             self.actuator.unreserve(self.key, decision)  # nothing was created: free the GPUs now
             raise
         written = time.perf_counter()
+        self.actuator.tas_hosts = frozenset(view.hosts or ()) if view is not None else frozenset()
         refused = await asyncio.to_thread(self.actuator.apply, self.key, self.body, spec, decision)
         acted = time.perf_counter()
         if self.actuator.gone and (ghosts := self.op.ghosts.mark(pod_list, self.key[0], self.actuator.gone)):
@@ -335,11 +354,15 @@ class JobLoop:
         # Under Kueue, only the nodes of the admitted ResourceFlavor.
         selector = {**spec.worker.node_selector, **view.node_labels} if view else spec.worker.node_selector
 
-        def make(avoiding: frozenset[str]) -> Callable[[], PlacementPlanner]:
-            def build() -> PlacementPlanner:
+        def make(avoiding: frozenset[str]) -> Callable[[], Planner]:
+            def build() -> Planner:
                 inventory = snapshot.inventory(self.key, labels, tolerations, selector, avoiding,
                                                uid=self.uid or None)  # fmt: skip
-                return PlacementPlanner(spec, inventory)
+                wide = PlacementPlanner(spec, inventory)
+                if view is None or not view.hosts:
+                    return wide
+                assigned = within_assignment(inventory, view.hosts, spec.worker.gpus_per_pod)
+                return FirstFeasible(PlacementPlanner(spec, assigned), wide)
             return build
 
         return rec.Observed(

@@ -7,8 +7,11 @@ it. topotrain plays the part Kueue's own job integrations play for a batch Job o
   request derived from the parallelism), owned by the TrainingJob, so deleting the job releases
   the quota; a Workload of that name left by a deleted namesake is deleted first;
 - while Kueue has not admitted it, the job waits (reconcile.py `QueueGate`, condition Admitted
-  False naming the ClusterQueue); once admitted, the planner sees only the nodes of the admitted
-  ResourceFlavor, at the admitted size (a partial admission gives a smaller allowed data degree);
+  False naming the ClusterQueue); once admitted, the planner sees only the nodes of Kueue's
+  topology assignment (each with room for the pods Kueue put there), at the admitted size (a
+  partial admission gives a smaller allowed data degree), and the pods it places there carry
+  a TAS annotation so Kueue counts them once; when they no longer fit there (a node of the
+  assignment was lost), the admitted ResourceFlavor's nodes;
 - when Kueue evicts it (a preemption, a deactivation), the gang checkpoints and stops as for
   spec.suspend, and once none of its pods is left the quota is given back (`release`), so Kueue
   requeues it and readmits it later; the gang then resumes from the newest commit;
@@ -48,6 +51,8 @@ class QueueView:
     node_labels: Mapping[str, str] = field(default_factory=dict)  # the admitted flavor's
     data: int | None = None  # the data degree the admission allows (None: not admitted)
     workload: Mapping[str, Any] | None = None
+    # Kueue's topology assignment: pods per node (None: none, or not down to the node)
+    hosts: Mapping[str, int] | None = None
 
 
 def queue_name(body: Mapping[str, Any]) -> str | None:
@@ -110,7 +115,8 @@ class QueueLink:
             return QueueView(QueueGate(admitted=False, message=(
                 f"{gate.message}, but no allowed data degree fits {admission.count} pods")),
                 workload=workload)
-        return QueueView(gate, kueue.flavor_node_labels(flavors), data, workload)
+        return QueueView(gate, kueue.flavor_node_labels(flavors), data, workload,
+                         kueue.assigned_hosts(workload, self.levels.host))
 
     def release(self, view: QueueView) -> None:
         """Give an evicted Workload's quota back (its gang is gone), so Kueue requeues it."""

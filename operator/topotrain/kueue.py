@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from topotrain.api import TrainingJobSpec
@@ -43,7 +43,7 @@ from topotrain.elastic import bounds, pods_for, valid_degrees
 from topotrain.manifests import CONTAINER, JobMeta, owner_reference
 from topotrain.placement.request import GangRequest, Mesh
 from topotrain.reconcile import QueueGate
-from topotrain.topology import GPU_RESOURCE, TopologyLevels
+from topotrain.topology import GPU_RESOURCE, Inventory, TopologyLevels
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSION = "v1beta2"
@@ -402,3 +402,64 @@ def flavor_node_labels(flavors: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     for flavor in flavors:
         labels.update({str(k): str(v) for k, v in ((flavor.get("spec") or {}).get("nodeLabels") or {}).items()})
     return labels
+
+
+# --- following Kueue's topology assignment --------------------------------------------------
+
+# Any of Kueue's TAS podset annotations marks a pod as placed by topology-aware scheduling:
+# Kueue then counts its GPUs through the Workload's assignment only, not once more as a
+# "non-TAS" pod on its node (Kueue's pkg/util/tas IsTAS).
+TAS_POD_ANNOTATION = "kueue.x-k8s.io/podset-preferred-topology"
+
+
+def assigned_hosts(workload: Mapping[str, Any], host_label: str) -> dict[str, int] | None:
+    """Pods per node in Kueue's topology assignment of the `workers` podSet; None when there is
+    none or its levels stop above the node (`host_label` not among them)."""
+    admission = (workload.get("status") or {}).get("admission") or {}
+    hosts: dict[str, int] = {}
+    found = False
+    for assignment in _worker_assignments(admission):
+        topology = assignment.get("topologyAssignment") or {}
+        levels = list(topology.get("levels") or [])
+        if host_label not in levels:
+            continue
+        found = True
+        at = levels.index(host_label)
+        for values, pods in _domains(topology):
+            hosts[values[at]] = hosts.get(values[at], 0) + pods
+    return hosts if found else None
+
+
+def _domains(topology: Mapping[str, Any]) -> list[tuple[list[str], int]]:
+    """(values of each level, pods) per domain, from v1beta2's compact `slices` (each level's
+    values and the pod counts given once for all its domains (`universal`) or per domain
+    (`individual`: prefix + root + suffix)), or the older list of `domains`."""
+    out = [([str(v) for v in d.get("values") or []], int(d.get("count") or 0))
+           for d in topology.get("domains") or []]
+    for chunk in topology.get("slices") or []:
+        count = int(chunk.get("domainCount") or 0)
+        columns = [_level_values(level, count) for level in chunk.get("valuesPerLevel") or []]
+        pods = chunk.get("podCounts") or {}
+        each = ([int(c) for c in pods["individual"]] if pods.get("individual")
+                else [int(pods.get("universal") or 0)] * count)
+        out += [([column[i] for column in columns], each[i]) for i in range(count)]
+    return out
+
+
+def _level_values(level: Mapping[str, Any], count: int) -> list[str]:
+    if level.get("universal") is not None:
+        return [str(level["universal"])] * count
+    individual = level.get("individual") or {}
+    prefix, suffix = str(individual.get("prefix") or ""), str(individual.get("suffix") or "")
+    return [f"{prefix}{root}{suffix}" for root in individual.get("roots") or []]
+
+
+def within_assignment(inventory: Inventory, hosts: Mapping[str, int], gpus_per_pod: int) -> Inventory:
+    """The inventory cut down to Kueue's assigned nodes, each with room for the pods Kueue put
+    there and no more: the operator's planner then orders the ranks on exactly the GPUs Kueue
+    accounted for (its TP groups, pipeline stages and data replicas mapped to those nodes)."""
+    nodes = {name: replace(info, free=min(info.free, hosts[name] * gpus_per_pod))
+             for name, info in inventory.nodes.items() if name in hosts}
+    excluded = {**inventory.excluded, **{
+        name: "not in Kueue's topology assignment" for name in inventory.nodes if name not in hosts}}
+    return Inventory(nodes=nodes, excluded=excluded, known=inventory.known)

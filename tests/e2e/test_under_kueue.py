@@ -17,12 +17,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from topotrain.kueue import TAS_POD_ANNOTATION, assigned_hosts
 
 from testbed.harness_stack import Stack, step_losses
 from testbed.kueue import KueueStack
 from testbed.kueue_queues import Flavor, KueueQueues, pool_flavor, topology_levels
 from testbed.procs import wait_until
-from testbed.topology import GPU_RESOURCE, parse_topology
+from testbed.topology import GPU_RESOURCE, HOSTNAME_LABEL, parse_topology
 from tests.conftest import TESTBED_TOPOLOGY
 from tests.e2e.jobs import JOB_TIMEOUT, TRAINING, attempts, last_step, of_kind, phase_is
 
@@ -85,6 +86,13 @@ def test_a_job_without_quota_waits_naming_the_cluster_queue_then_runs(
     labels = {QUEUE_LABEL: queue.local_queue}
     stack.apply_job("first", _job(steps=60), labels)
     stack.wait_job("first", phase_is("Running"), timeout=JOB_TIMEOUT, what="first Running")
+    # placed on the nodes Kueue's topology assignment accounted for, and marked as TAS pods so
+    # Kueue counts their GPUs once
+    hosts = assigned_hosts(_workload(stack, "first") or {}, HOSTNAME_LABEL)
+    assert hosts and sum(hosts.values()) == 2, hosts
+    pods = stack.pods("first")
+    assert {p["spec"]["nodeName"] for p in pods} <= set(hosts), (pods, hosts)
+    assert all(TAS_POD_ANNOTATION in (p["metadata"].get("annotations") or {}) for p in pods)
     stack.apply_job("second", _job(steps=20), labels)
     try:
         waiting = stack.wait_job(

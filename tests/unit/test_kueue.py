@@ -11,16 +11,18 @@ from topotrain.kueue import (
     Admission,
     admission_of,
     admitted_data,
+    assigned_hosts,
     flavor_node_labels,
     gate,
     pending_message,
     release_status,
     topology_manifest,
+    within_assignment,
     workload_for,
     workload_name,
 )
 from topotrain.reconcile import QueueGate
-from topotrain.topology import TopologyLevels
+from topotrain.topology import Inventory, TopologyLevels
 
 LEVELS = TopologyLevels()
 BLOCK, RACK, NVLINK = LEVELS.block, LEVELS.rack, LEVELS.nvlink
@@ -397,3 +399,57 @@ def test_pending_message_names_the_local_queues_cluster_queue_when_kueue_does_no
         "in flavor h100, 2 more needed")]}
     assert pending_message(w, "gpu-cq").startswith("waiting for Kueue admission in ClusterQueue gpu-cq: ")
     assert gate(w, cluster_queue="gpu-cq").message == pending_message(w, "gpu-cq")
+
+
+# --- following the topology assignment --------------------------------------------------------
+
+
+def with_assignment(topology: dict[str, Any]) -> dict[str, Any]:
+    w = admitted(4)
+    w["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"] = topology
+    return w
+
+
+def test_assigned_hosts_reads_the_compact_v1beta2_form() -> None:
+    w = with_assignment({
+        "levels": [RACK, "kubernetes.io/hostname"],
+        "slices": [{"domainCount": 3, "podCounts": {"individual": [2, 1, 1]},
+                    "valuesPerLevel": [{"universal": "r1"},
+                                       {"individual": {"prefix": "gpu-", "roots": ["0", "1", "2"]}}]}],
+    })
+    assert assigned_hosts(w, "kubernetes.io/hostname") == {"gpu-0": 2, "gpu-1": 1, "gpu-2": 1}
+    assert assigned_hosts(w, "kubernetes.io/other") is None
+
+
+def test_assigned_hosts_reads_domains_and_stops_above_the_node() -> None:
+    w = with_assignment({"levels": ["kubernetes.io/hostname"],
+                         "domains": [{"values": ["a"], "count": 3}, {"values": ["b"], "count": 1}]})
+    assert assigned_hosts(w, "kubernetes.io/hostname") == {"a": 3, "b": 1}
+    assert assigned_hosts(with_assignment({"levels": [RACK], "domains": [{"values": ["r1"], "count": 4}]}),
+                          "kubernetes.io/hostname") is None
+    assert assigned_hosts(workload(spec()), "kubernetes.io/hostname") is None
+
+
+def test_within_assignment_keeps_the_assigned_nodes_with_room_for_their_pods() -> None:
+    inventory = Inventory.from_snapshot([
+        {"metadata": {"name": n, "labels": {LEVELS.product: "H100", BLOCK: "b", RACK: "r",
+                                            "kubernetes.io/hostname": n}},
+         "status": {"allocatable": {"nvidia.com/gpu": "8"}, "conditions": [{"type": "Ready", "status": "True"}]}}
+        for n in ("a", "b", "c")
+    ], levels=LEVELS)
+    cut = within_assignment(inventory, {"a": 1, "b": 3}, gpus_per_pod=2)
+    assert {n: i.free for n, i in cut.nodes.items()} == {"a": 2, "b": 6}
+    assert cut.excluded["c"] == "not in Kueue's topology assignment"
+
+
+def test_the_kueue_example_queues_the_example_job_on_a_topology_of_our_levels() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    here = Path(__file__).resolve().parents[2] / "examples" / "kueue"
+    objects = {o["kind"]: o for o in yaml.safe_load_all((here / "queues.yaml").read_text())}
+    job = yaml.safe_load((here / "job.yaml").read_text())
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == objects["LocalQueue"]["metadata"]["name"]
+    assert objects["Topology"]["spec"] == topology_manifest("t", LEVELS)["spec"]
+    assert objects["ResourceFlavor"]["spec"]["topologyName"] == objects["Topology"]["metadata"]["name"]

@@ -94,3 +94,52 @@ def test_spec_suspend_under_kueue_stops_the_gang_and_gives_back_the_evicted_quot
 def _message(d: Any, type_: str) -> str:
     cond = d.status.condition(type_)
     return cond.message if cond is not None else ""
+
+
+# --- the handlers' side: Kueue's assigned nodes first, TAS pods marked -------------------------
+
+
+class _Fixed:
+    """A planner stand-in (unit-test fake) that returns one outcome and records its calls."""
+
+    def __init__(self, outcome: Any) -> None:
+        self.outcome, self.calls = outcome, 0
+
+    def plan(self, low: int, high: int) -> Any:
+        self.calls += 1
+        return self.outcome
+
+    def replan(self, previous: Any, lost: Any, low: int, high: int) -> Any:
+        self.calls += 1
+        return self.outcome
+
+
+def test_the_assigned_nodes_are_planned_on_first_and_the_flavor_only_when_they_do_not_fit() -> None:
+    from topotrain.handlers_jobs import FirstFeasible
+    from topotrain.planning import PlanOutcome
+
+    fits = PlanOutcome(feasible=True, assignments={0: "a", 1: "b"})
+    lost = PlanOutcome(feasible=False, reason=Reason.INSUFFICIENT_CAPACITY)
+    first, second = _Fixed(fits), _Fixed(fits)
+    assert FirstFeasible(first, second).plan(2, 2) is fits and second.calls == 0
+    first, second = _Fixed(lost), _Fixed(fits)
+    assert FirstFeasible(first, second).replan({0: "a"}, frozenset({"a"}), 2, 2) is fits
+    assert (first.calls, second.calls) == (1, 1)
+
+
+def test_pods_on_kueues_assigned_nodes_carry_the_tas_annotation_and_others_do_not() -> None:
+    from test_reconcile import spec
+    from topotrain.handlers_act import Actuator
+    from topotrain.kueue import TAS_POD_ANNOTATION
+    from topotrain.manifests import JobMeta
+    from topotrain.reconcile import Launch
+    from topotrain.settings import Settings
+    from topotrain.snapshot import Ledger
+
+    actuator = Actuator(kube=None, settings=Settings(), ledger=Ledger())  # type: ignore[arg-type]
+    actuator.tas_hosts = frozenset({"a"})
+    launch = Launch(attempt=0, data=2, pool="H100-80GB", assignments={0: "a", 1: "b"},
+                    resume_step=None, mode="initial")
+    pods = actuator._manifests(JobMeta("llm", "team", "uid"), spec(), launch)
+    marked = [TAS_POD_ANNOTATION in p["metadata"].get("annotations", {}) for p in pods]
+    assert marked == [True, False], "pod 0 is on Kueue's node a, pod 1 on b"
