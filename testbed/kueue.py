@@ -13,10 +13,11 @@ controller, removes it), and JobSet's pod webhooks only serve exclusive placemen
 JobSet webhooks see only JobSets carrying a queue label, so other JobSets are left alone.
 
 The CRDs come from the module cache, copied by `testbed/build.sh kueue jobset` into
-`~/.cache/topotrain/share/{kueue,jobset}-crds-<version>/`. Kueue reads a metrics certificate
-from the fixed path /etc/kueue/metrics/certs even with metrics off; `start()` puts the
-testbed's serving certificate there when that directory is missing (it needs write access
-to /etc).
+`~/.cache/topotrain/share/{kueue,jobset}-crds-<version>/`. Upstream Kueue reads a metrics
+certificate from the fixed path /etc/kueue/metrics/certs even with metrics off; the testbed's
+build reads it from metrics-certs/ under its working directory instead (testbed/build.sh), and
+`start()` puts the testbed's serving certificate there: nothing is written outside the state
+directory.
 """
 
 from __future__ import annotations
