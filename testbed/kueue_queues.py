@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from topotrain.kueue import KUEUE_API_VERSION, topology_manifest
+from topotrain.kueue import KUEUE_API_VERSION, topology_domains, topology_manifest
 from topotrain.topology import TopologyLevels
 
 from testbed.topology import (
@@ -156,28 +156,6 @@ def queue_manifests(
 
 
 def assigned_domains(topology_assignment: Mapping[str, Any]) -> list[tuple[tuple[str, ...], int]]:
-    """A v1beta2 `topologyAssignment` as [(values of its levels, pods in that domain)].
-
-    Each slice lists `domainCount` domains; each level's values are either one value for all
-    of them (`universal`) or one per domain (`individual`: prefix + root + suffix); the pod
-    counts likewise."""
-    domains: list[tuple[tuple[str, ...], int]] = []
-    for chunk in topology_assignment.get("slices") or []:
-        count = int(chunk.get("domainCount") or 0)
-        columns = [_level_values(level, count) for level in chunk.get("valuesPerLevel") or []]
-        pods = chunk.get("podCounts") or {}
-        individual = pods.get("individual")
-        counts = (
-            [int(c) for c in individual] if individual else [int(pods.get("universal", 0))] * count
-        )
-        for index in range(count):
-            domains.append((tuple(column[index] for column in columns), counts[index]))
-    return domains
-
-
-def _level_values(level: Mapping[str, Any], count: int) -> list[str]:
-    if level.get("universal") is not None:
-        return [str(level["universal"])] * count
-    individual = level.get("individual") or {}
-    prefix, suffix = individual.get("prefix") or "", individual.get("suffix") or ""
-    return [f"{prefix}{root}{suffix}" for root in individual.get("roots") or []]
+    """A v1beta2 `topologyAssignment` as [(values of its levels, pods in that domain)], read
+    as the operator reads it (`topotrain.kueue.topology_domains`)."""
+    return [(tuple(values), pods) for values, pods in topology_domains(topology_assignment)]

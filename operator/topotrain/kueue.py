@@ -425,12 +425,12 @@ def assigned_hosts(workload: Mapping[str, Any], host_label: str) -> dict[str, in
             continue
         found = True
         at = levels.index(host_label)
-        for values, pods in _domains(topology):
+        for values, pods in topology_domains(topology):
             hosts[values[at]] = hosts.get(values[at], 0) + pods
     return hosts if found else None
 
 
-def _domains(topology: Mapping[str, Any]) -> list[tuple[list[str], int]]:
+def topology_domains(topology: Mapping[str, Any]) -> list[tuple[list[str], int]]:
     """(values of each level, pods) per domain, from v1beta2's compact `slices` (each level's
     values and the pod counts given once for all its domains (`universal`) or per domain
     (`individual`: prefix + root + suffix)), or the older list of `domains`."""
