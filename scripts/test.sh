@@ -88,9 +88,7 @@ if [ $# -eq 0 ]; then
   set -- tests --durations=25 -m "not kueue" # the slowest tests, for whoever shortens the run
   [ "$kind" = 1 ] && set -- "$@" --ignore=tests/unit
   kueue_build_start
-else
-  testbed/build.sh kueue jobset >/dev/null  # a test named on the command line may need them
-fi
+fi  # (otherwise tests/conftest.py's `kueue` fixture builds them when a selected test needs them)
 python -m pytest "$@"
 code=$?
 set -e

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import subprocess
 import sys
 import time
 import uuid
@@ -47,9 +48,13 @@ def kueue(kube: Kube) -> Iterator[KueueStack]:
     """Kueue (TAS on) and JobSet beside the shared testbed (testbed/kueue.py), for the session:
     started before any test's operator, which serves the Workload watch only when Kueue's
     CRDs exist as it starts. Tests that use it are marked `kueue`."""
+    from testbed.binaries import BUILD_SCRIPT
     from testbed.kueue import KueueStack
 
     testbed = kube.require_testbed("Kueue and JobSet run as local processes beside it")
+    # Built here when missing (minutes on a cold machine; seconds when cached): `make test`
+    # builds them in the background before its kueue-marked pass, a test run by name does not.
+    subprocess.run([str(BUILD_SCRIPT), "kueue", "jobset"], check=False, stdout=subprocess.DEVNULL)
     session = KueueStack(testbed, jobset=True).session()
     try:
         running = session.__enter__()
