@@ -55,7 +55,8 @@ from versus_jobs import (
     fleet_pools,
     jobset_manifest,
 )
-from versus_report import SystemResult, print_report
+from versus_placement import PlacementResult, run_placement
+from versus_report import SystemResult, print_placement, print_report
 from versus_watch import GangWatch, time_recovery
 
 from testbed.cluster import Testbed
@@ -214,11 +215,37 @@ def run_kueue(bench: Bench) -> SystemResult:
         result = bench.run("Kueue TAS + JobSet", namespace, JOBSET_NAME_LABEL,
                            COMPLETION_INDEX_LABEL, create)  # fmt: skip
         result.log_tail = stack.log_tail(5)
+        result.victim_state = victim_workload(custom, namespace, bench.victim)
         return result
     finally:
         with contextlib.suppress(client.ApiException):
             client.CoreV1Api(bench.api).delete_namespace(namespace)
         stack.stop()
+
+
+def victim_workload(custom: client.CustomObjectsApi, namespace: str, job: str) -> str:
+    """The conditions of the Workload Kueue made for JobSet `job`, after the recovery wait."""
+    if not job:
+        return ""
+    try:
+        items = custom.list_namespaced_custom_object(
+            "kueue.x-k8s.io", "v1beta2", namespace, "workloads"
+        )["items"]
+    except client.ApiException as err:
+        return f"workloads not listed: {err.reason}"
+    lines = []
+    for workload in items:
+        owners = {o.get("name") for o in workload["metadata"].get("ownerReferences") or []}
+        if job not in owners:
+            continue
+        status = workload.get("status") or {}
+        lines.append(f"Workload {workload['metadata']['name']}: requeueState "
+                     f"{status.get('requeueState')}, admitted "
+                     f"{bool(status.get('admission'))}")  # fmt: skip
+        for c in status.get("conditions") or []:
+            lines.append(f"  {c.get('type')}={c.get('status')} {c.get('reason')} "
+                         f"({c.get('lastTransitionTime')}): {c.get('message')}")  # fmt: skip
+    return "\n".join(lines)
 
 
 def write_yaml(bench: Bench, out: Path) -> None:
@@ -253,14 +280,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--settle", type=float, default=20.0, help="seconds without a gang Running")
     parser.add_argument("--timeout", type=float, default=300.0)
-    parser.add_argument("--recovery-timeout", type=float, default=240.0)
+    parser.add_argument("--recovery-timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--placement-seeds",
+        type=int,
+        default=1,
+        help="filler seeds of the placement phase (0: no placement phase)",
+    )
+    parser.add_argument(
+        "--instance-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a system has to place one placement-phase job",
+    )
     parser.add_argument("--node-lease-seconds", type=int, default=40)
     parser.add_argument("--state", type=Path, help="testbed state folder to keep (logs)")
     parser.add_argument("--yaml", type=Path, help="write the manifests used into this folder")
     args = parser.parse_args(argv)
     if args.quick:
         args.nodes, args.jobs, args.settle, args.used = 40, 8, 10.0, 0.3
-        args.recovery_timeout = 120.0
+        args.recovery_timeout, args.instance_timeout = 60.0, 30.0
     return args
 
 
@@ -282,7 +321,13 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{time.monotonic() - start:.0f}s", file=sys.stderr, flush=True)  # fmt: skip
         if args.yaml:
             write_yaml(bench, args.yaml)
+        placement = (
+            run_placement(bench, args.placement_seeds, args.instance_timeout, trainingjob)
+            if args.placement_seeds > 0
+            else PlacementResult()
+        )
         results = [run_topotrain(bench), run_kueue(bench)]
+    print_placement(placement, results[0].system, results[1].system, args)
     return print_report(results, args)
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from scale_workload import JobShape
 from topotrain.topology import NodeInfo
 from versus_jobs import Placed, placement_cost
+from versus_placement import PlacementResult
 from versus_watch import Gang, Recovery
 
 # What a user of each system can ask for, from the benchmark's own job kinds and the docs
@@ -39,6 +40,7 @@ class SystemResult:
     pools: Mapping[str, list[NodeInfo]]
     recovery: Recovery | None = None
     log_tail: str = ""
+    victim_state: str = ""  # the node-loss victim's Workload conditions after the wait
     placed: dict[str, Placed] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -131,13 +133,65 @@ def print_report(results: Sequence[SystemResult], args: argparse.Namespace) -> i
     table(["system", "node deleted", "node loss -> all pods Running s", "pods created"], rec_rows)
     print()
     table(["can a user express", ours.system, theirs.system], [list(r) for r in EXPRESSIVENESS])
+    for result in results:
+        if result.victim_state:
+            print(f"\n{result.system}, the node-loss job's Workload at the end of the wait:\n"
+                  f"{result.victim_state}")  # fmt: skip
     missing = [s.name for s in theirs.shapes if s.name not in theirs.placed]
-    if missing and theirs.log_tail:
+    if (missing or (theirs.recovery and theirs.recovery.seconds is None)) and theirs.log_tail:
         print(f"\nnot Running under {theirs.system}: {missing}\n{theirs.log_tail}")
     return 0
 
 
-def _cell(placed: Placed | None) -> str:
+def print_placement(result: PlacementResult, ours: str, theirs: str,
+                    args: argparse.Namespace) -> None:  # fmt: skip
+    """The placement phase: each instance placed by each system alone on the same fleet."""
+    if not result.instances:
+        return
+    print(f"\n### Placement on identical instances: {args.nodes} nodes, "
+          f"{int(args.used * 100)}% of GPUs held by filler pods, filler seeds {result.seeds}, "
+          f"{len(result.instances)} instances ({result.seconds:.0f}s)\n")  # fmt: skip
+    print(
+        "Each instance = one filler seed + one job, placed by each system alone on the same "
+        "free GPUs;\ncost of docs/placement.md on the nodes it got (pods: cost/rack/block)\n"
+    )
+    rows, logs, worse = [], [], []
+    only: dict[str, int] = {ours: 0, theirs: 0, "neither": 0}
+    for inst in result.instances:
+        a, b = inst.ours, inst.theirs
+        ratio = "-"
+        if a and b and len(a.nodes) == len(b.nodes):
+            r = max(b.cost, 1) / max(a.cost, 1)
+            logs.append(r)
+            ratio = f"{r:.2f}x"
+            if a.cost > b.cost:
+                worse.append(f"{inst.shape.name}@{inst.seed}")
+        elif a and b:
+            ratio = "sizes differ"
+        elif a:
+            only[ours] += 1
+        elif b:
+            only[theirs] += 1
+        else:
+            only["neither"] += 1
+        rows.append([str(inst.seed), inst.shape.name, str(inst.shape.pods),
+                     _cell(a, inst.ours_note), _cell(b, inst.theirs_note), ratio])  # fmt: skip
+    table(["seed", "job", "pods asked", f"{ours}", f"{theirs}", "their cost / ours"], rows)
+    geo = math.exp(sum(math.log(r) for r in logs) / len(logs)) if logs else float("nan")
+    print()
+    table(["summary", "value"], [
+        ["instances placed by both at the same size", str(len(logs))],
+        [f"geo-mean cost ratio ({theirs} / {ours})", f"{fmt(geo)}x"],
+        ["worst instance ratio", f"{min(logs):.2f}x" if logs else "-"],
+        [f"instances where {ours} costs more", f"{len(worse)} {' '.join(worse)}".strip()],
+        [f"placed by {ours} only", str(only[ours])],
+        [f"placed by {theirs} only", str(only[theirs])],
+        ["placed by neither", str(only["neither"])],
+    ])  # fmt: skip
+    print()
+
+
+def _cell(placed: Placed | None, note: str = "") -> str:
     if placed is None:
-        return "not Running"
+        return f"not placed ({note})" if note else "not Running"
     return f"{len(placed.nodes)}: {placed.cost}/{placed.rack}/{placed.block}"
