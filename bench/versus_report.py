@@ -153,9 +153,9 @@ def print_placement(result: PlacementResult, ours: str, theirs: str,
           f"{len(result.instances)} instances ({result.seconds:.0f}s)\n")  # fmt: skip
     print(
         "Each instance = one filler seed + one job, placed by each system alone on the same "
-        "free GPUs;\ncost of docs/placement.md on the nodes it got (pods: cost/rack/block)\n"
+        "free GPUs;\ncost of docs/placement.md on the nodes it got (pool, pods: cost/rack/block)\n"
     )
-    rows, logs, worse = [], [], []
+    rows, logs, worse, other_pool = [], [], [], []
     only: dict[str, int] = {ours: 0, theirs: 0, "neither": 0}
     for inst in result.instances:
         a, b = inst.ours, inst.theirs
@@ -166,6 +166,8 @@ def print_placement(result: PlacementResult, ours: str, theirs: str,
             ratio = f"{r:.2f}x"
             if a.cost > b.cost:
                 worse.append(f"{inst.shape.name}@{inst.seed}")
+            if _pool(a) != _pool(b):
+                other_pool.append(f"{inst.shape.name}@{inst.seed}")
         elif a and b:
             ratio = "sizes differ"
         elif a:
@@ -175,7 +177,8 @@ def print_placement(result: PlacementResult, ours: str, theirs: str,
         else:
             only["neither"] += 1
         rows.append([str(inst.seed), inst.shape.name, str(inst.shape.pods),
-                     _cell(a, inst.ours_note), _cell(b, inst.theirs_note), ratio])  # fmt: skip
+                     _pool_cell(a, inst.ours_note), _pool_cell(b, inst.theirs_note),
+                     ratio])  # fmt: skip
     table(["seed", "job", "pods asked", f"{ours}", f"{theirs}", "their cost / ours"], rows)
     geo = math.exp(sum(math.log(r) for r in logs) / len(logs)) if logs else float("nan")
     print()
@@ -184,11 +187,23 @@ def print_placement(result: PlacementResult, ours: str, theirs: str,
         [f"geo-mean cost ratio ({theirs} / {ours})", f"{fmt(geo)}x"],
         ["worst instance ratio", f"{min(logs):.2f}x" if logs else "-"],
         [f"instances where {ours} costs more", f"{len(worse)} {' '.join(worse)}".strip()],
+        ["instances the two placed in different pools",
+         f"{len(other_pool)} {' '.join(other_pool)}".strip()],
         [f"placed by {ours} only", str(only[ours])],
         [f"placed by {theirs} only", str(only[theirs])],
         ["placed by neither", str(only["neither"])],
     ])  # fmt: skip
     print()
+
+
+def _pool(placed: Placed) -> str:
+    """The pool of the gang's first node, from the fleet's node names (v-<pool>-b..-r..-n..)."""
+    parts = placed.nodes[0].split("-") if placed.nodes else []
+    return parts[1] if len(parts) > 1 else "?"
+
+
+def _pool_cell(placed: Placed | None, note: str = "") -> str:
+    return _cell(placed, note) if placed is None else f"{_pool(placed)} {_cell(placed)}"
 
 
 def _cell(placed: Placed | None, note: str = "") -> str:
