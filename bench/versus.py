@@ -1,14 +1,16 @@
 """topotrain against Kueue's topology-aware scheduling with JobSet: same testbed, same
 fragmented fleet, same seeded job stream, one run.
 
-    python bench/versus.py --quick                  # 40 nodes, 8 jobs: a few minutes
+    python bench/versus.py --quick                  # 40 nodes, 8 jobs: about 4 minutes
     python bench/versus.py --nodes 1000 --jobs 40   # docs/benchmarks.md
 
 A private testbed (real API server, scheduler, controller manager; KWOK nodes, no trainer
 runs) gets bench/scale_workload.py's fleet (H100 and A100 pools of 8-GPU nodes in racks and
 blocks), then filler pods bound to random nodes holding `--used` of the GPUs in 1-8 GPU
-pieces (the fragmented cluster; they stay for both systems). Then, one system after the
-other, on that same state:
+pieces (the fragmented cluster; they stay for both systems). First the placement phase
+(bench/versus_placement.py): per filler seed and job shape, each system places that one
+job alone on the same free GPUs, and the cost model is evaluated on both. Then the stream,
+one system after the other, on that same state:
 
 - topotrain: the operator (`topotrain run --standalone`, its defaults), the stream as
   TrainingJobs;
