@@ -78,5 +78,7 @@ def test_quick_scale_run_every_job_runs_or_says_why(scale: ModuleType,
     assert row["passes"] != "-" and float(row["passes"]) >= 6  # at least a pass per job
     assert float(row["operator CPU s"]) > 0 and float(row["operator peak RSS MiB"]) > 0
     assert float(row["API requests/job"]) > 0
+    assert float(row["events/s"]) > 0
+    assert row["healthz misses"] == "0", out  # /healthz answered within the chart's liveness timeout
     plan = next(line for line in lines if line.startswith("| 256 |"))
     assert "infeasible" not in plan and _cells(plan)[-1] == "yes", out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from topotrain.api import TrainingJobSpec
 from topotrain.handlers_jobs import Operator, wants_capacity
 from topotrain.settings import Settings
@@ -121,7 +122,7 @@ def test_a_resync_that_finds_a_ghost_wakes_its_job_and_the_jobs_waiting_for_capa
 def test_only_a_decision_that_claims_gpus_needs_the_plan_lock() -> None:
     """JobLoop._decide says whether the decision planned or launches pods: only then is it made
     again under the process-wide lock; a Running job's pass never waits for another's plan."""
-    from topotrain.handlers_jobs import JobLoop
+    from topotrain.handlers_jobs import JobLoop, WouldPlan
 
     from tests.unit.test_ownership import SPEC as GANG
     from tests.unit.test_ownership import job_pod, node
@@ -137,3 +138,9 @@ def test_only_a_decision_that_claims_gpus_needs_the_plan_lock() -> None:
     running, used, claims = loop._decide(GANG, new.status, nodes, pods, None, None, None)
     assert running.launch is None and not claims and running.status.phase == "Running"
     assert used == frozenset(new.launch.assignments.values())
+    # The first look of a pass, without the lock, stops where it would plan (it is redone under
+    # the lock); a Running job's pass decides without planning all the same.
+    with pytest.raises(WouldPlan):
+        loop._decide(GANG, TrainingJobStatus(), nodes, [], None, None, None, probe=True)
+    probed, _, claims = loop._decide(GANG, new.status, nodes, pods, None, None, None, probe=True)
+    assert probed.launch is None and probed.status.phase == "Running" and not claims
