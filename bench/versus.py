@@ -1,7 +1,7 @@
 """topotrain against Kueue's topology-aware scheduling with JobSet: same testbed, same
 fragmented fleet, same seeded job stream, one run.
 
-    python bench/versus.py --quick                  # 40 nodes, 8 jobs: about 4 minutes
+    python bench/versus.py --quick                  # 40 nodes, 8 jobs: about 3 minutes
     python bench/versus.py --nodes 1000 --jobs 40   # docs/benchmarks.md
 
 A private testbed (real API server, scheduler, controller manager; KWOK nodes, no trainer
