@@ -33,7 +33,7 @@ if [ $whole -eq 1 ]; then
     [ $kind = 1 ] || echo "== kind: skipped (not root and no Docker engine answers; TOPOTRAIN_KIND_E2E=1 forces it)"
   fi
 fi
-# Kueue and JobSet (tests marked `kueue`): about 11 CPU-minutes of Go on a cold machine, built at
+# Kueue and JobSet (tests marked `kueue`): about 15 CPU-minutes of Go on a cold machine, built at
 # the lowest priority beside the main suites, which leave them out; their tests run at the end.
 kueue_build_start() {
   kueue_log=$(mktemp)
