@@ -124,12 +124,19 @@ def test_pod_asking_too_many_gpus_stays_pending_with_scheduler_reason(
 
     event = eventually(failed_scheduling, "a FailedScheduling event")
     assert f"Insufficient {GPU_RESOURCE}" in event.message
-    pod = read_pod(kube, namespace, "greedy")
+
+    def scheduled_condition() -> Any:
+        # The scheduler records the event and patches the pod's condition separately: the
+        # event may be listed before the condition is written.
+        pod = read_pod(kube, namespace, "greedy")
+        found = [c for c in pod.status.conditions or [] if c.type == "PodScheduled"]
+        return (pod, found[0]) if found else None
+
+    pod, scheduled = eventually(scheduled_condition, "the PodScheduled condition")
     assert pod.status.phase == "Pending"
     assert pod.spec.node_name is None
-    scheduled = [c for c in pod.status.conditions if c.type == "PodScheduled"]
-    assert scheduled[0].status == "False"
-    assert scheduled[0].reason == "Unschedulable"
+    assert scheduled.status == "False"
+    assert scheduled.reason == "Unschedulable"
 
 
 def test_injected_pod_failure_shows_failed_with_exit_code(kube: Kube, namespace: str) -> None:
