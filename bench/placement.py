@@ -21,7 +21,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,22 +72,32 @@ def make_cluster(style: Style, nodes: int, used: float, seed: int) -> tuple[list
                            "conditions": [{"type": "Ready", "status": "True"}]},
             })
     free = {n["metadata"]["name"]: style.gpus for n in node_dicts}
-    target = int(used * style.gpus * len(node_dicts))
-    pods: list[dict[str, Any]] = []
+    held = scatter(free, int(used * style.gpus * len(node_dicts)),
+                   [1, 2, 4, style.gpus, style.gpus, style.gpus, style.gpus], rng)
+    pods = [{
+        "metadata": {"name": f"other-{i}", "namespace": "other"},
+        "spec": {"nodeName": node, "containers": [{"resources": {"requests": {"nvidia.com/gpu": str(size)}}}]},
+        "status": {"phase": "Running"},
+    } for i, (node, size) in enumerate(held)]
+    return node_dicts, pods
+
+
+def scatter(free: dict[str, int], target: int, sizes: Sequence[int],
+            rng: random.Random) -> list[tuple[str, int]]:
+    """(node, GPUs) holds taking `target` of the `free` GPUs (node -> free, updated): sizes
+    drawn from `sizes`, each on a random node with room for it (else any with room left),
+    cut to what that node has. The fragmented cluster of this benchmark and bench/versus.py."""
     names = sorted(free)
+    held: list[tuple[str, int]] = []
     while target > 0:
-        size = min(target, rng.choice([1, 2, 4, style.gpus, style.gpus, style.gpus, style.gpus]))
+        size = min(target, rng.choice(sizes))
         room = [n for n in names if free[n] >= size] or [n for n in names if free[n] > 0]
         node = rng.choice(room)
         size = min(size, free[node])
         free[node] -= size
         target -= size
-        pods.append({
-            "metadata": {"name": f"other-{len(pods)}", "namespace": "other"},
-            "spec": {"nodeName": node, "containers": [{"resources": {"requests": {"nvidia.com/gpu": str(size)}}}]},
-            "status": {"phase": "Running"},
-        })
-    return node_dicts, pods
+        held.append((node, size))
+    return held
 
 
 def make_job(style: Style, inventory: Inventory, fraction: float) -> GangRequest | None:

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from placement import scatter
 from scale_workload import GPUS_PER_POD, JobShape
 from topotrain.api import TrainingJobSpec
 from topotrain.kueue import topology_request
@@ -111,21 +112,13 @@ def jobset_manifest(
 def filler_pods(nodes: Sequence[tuple[str, int]], used: float, seed: int) -> list[dict[str, Any]]:
     """Pods bound straight to nodes ((name, GPUs) pairs) holding `used` of their GPUs, in
     seeded random sizes on random nodes with room: the fragmented cluster."""
-    rng = random.Random(seed)
     free = dict(nodes)
-    names = sorted(free)
-    target = int(used * sum(free.values()))
+    held = scatter(free, int(used * sum(free.values())), FILLER_SIZES, random.Random(seed))
     pods: list[dict[str, Any]] = []
-    while target > 0:
-        size = min(target, rng.choice(FILLER_SIZES))
-        room = [n for n in names if free[n] >= size] or [n for n in names if free[n] > 0]
-        node = rng.choice(room)
-        size = min(size, free[node])
-        free[node] -= size
-        target -= size
+    for i, (node, size) in enumerate(held):
         pods.append({
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"filler-{len(pods)}", "namespace": FILLER_NAMESPACE,
+            "metadata": {"name": f"filler-{i}", "namespace": FILLER_NAMESPACE,
                          "labels": {"app.kubernetes.io/name": "versus-filler"}},
             "spec": {"nodeName": node, "automountServiceAccountToken": False,
                      "containers": [{"name": "hold", "image": "testbed.invalid/filler:0",

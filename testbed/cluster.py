@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import fcntl
 import json
 import os
 import ssl
@@ -27,7 +26,7 @@ from testbed import components
 from testbed.binaries import REPO_ROOT
 from testbed.components import DEFAULT_NODE_LEASE_SECONDS, Layout, Ports, Settings
 from testbed.pki import ADMIN, CONTROLLER_MANAGER, KWOK, SCHEDULER, ClientIdentity, ensure_pki
-from testbed.procs import ManagedProcess, free_port, wait_until
+from testbed.procs import ManagedProcess, file_lock, free_port, wait_until
 from testbed.s3 import S3Server
 
 DEFAULT_BUCKET = "topotrain"
@@ -157,16 +156,9 @@ class Testbed:
 
     # --- shared use by several test sessions ----------------------------
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
+    def locked(self) -> contextlib.AbstractContextManager[None]:
         """Serialise `up`/`down` decisions of concurrent test sessions on this state dir."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        with (self.root / "lock").open("w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        return file_lock(self.root)
 
     @contextlib.contextmanager
     def session(

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import fcntl
 import json
 import os
 import ssl
@@ -40,7 +39,7 @@ import yaml
 
 from testbed.binaries import BUILD_SCRIPT, binary, cache_dir, versions
 from testbed.pki import ensure_serving_cert
-from testbed.procs import ManagedProcess, free_port, wait_until
+from testbed.procs import ManagedProcess, file_lock, free_port, wait_until
 
 if TYPE_CHECKING:
     from testbed.cluster import Testbed
@@ -282,15 +281,8 @@ class KueueStack:
 
     # --- internals -------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with (self.dir / "lock").open("w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return file_lock(self.dir)
 
     def _saved_ports(self) -> StackPorts:
         return StackPorts(**json.loads((self.dir / "ports.json").read_text()))

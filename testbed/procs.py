@@ -9,13 +9,14 @@ process start time as well, so a recycled pid is never mistaken for ours.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import random
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,3 +223,16 @@ def wait_until(
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
+
+
+@contextlib.contextmanager
+def file_lock(directory: Path) -> Iterator[None]:
+    """Hold an exclusive flock on `directory`/lock (created) for the block: serialises the
+    start/stop decisions of concurrent test sessions sharing one state directory."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
