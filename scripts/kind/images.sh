@@ -155,6 +155,12 @@ preload() {
     docker save "$t" | docker exec -i "$cid" ctr -n k8s.io images import --all-platforms --no-unpack --digests - >/dev/null
   done
   docker exec "$cid" ctr -n k8s.io images ls -q | grep -v '^sha256:' >&2
+  # An import that lost an image (seen once in CI: a worker image without the trainer) is not
+  # committed: check every name before the image is tagged with its key.
+  for t in "$@"; do
+    docker exec "$cid" ctr -n k8s.io images ls -q | grep -qxF "$t" \
+      || { docker rm -f -v "$cid" >/dev/null; echo "preload: $t is not in $tag's containerd after its import" >&2; return 1; }
+  done
   docker exec "$cid" bash -c 'kill $(pidof containerd); while pidof containerd >/dev/null; do sleep 0.2; done; rm -f /tmp/containerd.log'
   docker commit --change "LABEL io.topotrain.key=$key" --change "LABEL $built_label" \
     --change 'ENTRYPOINT ["/usr/local/bin/topotrain-node-init", "/usr/local/bin/entrypoint", "/sbin/init"]' \
@@ -168,7 +174,8 @@ preload() {
 build_worker() {
   local node="$repo/kind-node:$KUBERNETES_VERSION" trainer="ghcr.io/topotrain/trainer:$version-cpu"
   local tag="$repo/kind-worker:$KUBERNETES_VERSION" key
-  key=$(for t in "$node" "$trainer"; do image_id "$t"; done | sha256sum | cut -c1-16)
+  # ("verified": images committed before preload checked its imports are rebuilt once)
+  key=$( (echo verified; for t in "$node" "$trainer"; do image_id "$t"; done) | sha256sum | cut -c1-16)
   [ "$(docker image inspect -f '{{index .Config.Labels "io.topotrain.key"}}' "$tag" 2>/dev/null)" = "$key" ] \
     && return 0
   preload "$node" "$tag" "$key" "$trainer"

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from testbed import faults
+from topotrain_trainer.supervisor import SPARE_DELAY_ENV
 from testbed.harness_stack import Stack, step_losses
 from testbed.procs import wait_until
 from testbed.restart_probes import first_step_after, live_uids, pod_pid
@@ -31,13 +32,15 @@ from tests.e2e.jobs import (
 )
 
 
-def crash_pod_one(stack: Stack, name: str) -> tuple[dict[str, str], str, dict[str, Any]]:
-    """Once a checkpoint is committed and a step more trained, SIGKILL the trainer ranks of the
-    pod of index 1 and wait for the restart's first step: (pod UIDs before, the victim's name,
-    the job's status then)."""
+def crash_pod_one(stack: Stack, name: str, spares: int = 0) -> tuple[dict[str, str], str, dict[str, Any]]:
+    """Once a checkpoint is committed and a step more trained (and, with `spares`, that many pods'
+    supervisors have started their warm spares), SIGKILL the trainer ranks of the pod of index 1
+    and wait for the restart's first step: (pod UIDs before, the victim's name, the job's status
+    then)."""
     wait_until(
         lambda: bool(of_kind(stack.events(name), "checkpoint_committed"))
-        and last_step(stack.events(name)) >= INTERVAL + 1,
+        and last_step(stack.events(name)) >= INTERVAL + 1
+        and len(of_kind(stack.events(name), "spares_started")) >= spares,
         timeout=JOB_TIMEOUT, what="a committed checkpoint and a step more",
     )  # fmt: skip
     before = live_uids(stack, name)
@@ -79,13 +82,18 @@ def test_a_crash_reported_by_a_supervisor_with_warm_spares_keeps_every_pod(stack
     name = "spares"
     spec = {
         "parallelism": {"tensor": 1, "pipeline": 1, "data": 2},
-        "worker": {"gpusPerPod": 1, "gpuTypes": ["H100-80GB"]},
+        # (spares at once rather than 30 s after the start: the job can end sooner than that)
+        "worker": {"gpusPerPod": 1, "gpuTypes": ["H100-80GB"],
+                   "env": [{"name": SPARE_DELAY_ENV, "value": "0"}]},
         "checkpoint": {"intervalSteps": INTERVAL, "keep": 2},
         "failurePolicy": {"backoffSeconds": 0, "maxRestarts": 3},
         "training": {**TRAINING, "steps": 40, "warmSpares": True},
     }
     stack.apply_job(name, spec)
-    before, victim, status = crash_pod_one(stack, name)
+    # Spares start `SPARE_DELAY_ENV` seconds after a group, or at once when a supervisor sees its
+    # ranks fail; a crash before that can restart the healthy pod before it has noticed the lost
+    # peer, and that pod's ranks then start cold (seen in CI). Crash once both pods hold spares.
+    before, victim, status = crash_pod_one(stack, name, spares=2)
     failure = status["lastFailure"]
     assert failure["reason"] == "PodFailed" and failure["pod"] == victim, failure
     assert "reported by its supervisor" in failure["message"], failure
