@@ -13,9 +13,9 @@ import signal
 from typing import Any
 
 import pytest
+from topotrain_trainer.supervisor import SPARE_DELAY_ENV
 
 from testbed import faults
-from topotrain_trainer.supervisor import SPARE_DELAY_ENV
 from testbed.harness_stack import Stack, step_losses
 from testbed.procs import wait_until
 from testbed.restart_probes import first_step_after, live_uids, pod_pid
