@@ -9,7 +9,9 @@ runs) gets bench/scale_workload.py's fleet (H100 and A100 pools of 8-GPU nodes i
 blocks), then filler pods bound to random nodes holding `--used` of the GPUs in 1-8 GPU
 pieces (the fragmented cluster; they stay for both systems). First the placement phase
 (bench/versus_placement.py): per filler seed and job shape, each system places that one
-job alone on the same free GPUs, and the cost model is evaluated on both. Then the stream,
+job alone on the same free GPUs, and the cost model is evaluated on both; then the recovery
+phase (bench/versus_recovery.py): the largest job alone under each system on the stream's
+fillers, the node of its pod 0 deleted, timed until it all runs again. Then the stream,
 one system after the other, on that same state:
 
 - topotrain: the operator (`topotrain run --standalone`, its defaults), the stream as
@@ -111,7 +113,8 @@ class Bench:
         self._create_pods([p for p in self.fillers if p["spec"]["nodeName"] == node])
 
     def queues(self, namespace: str) -> KueueQueues:
-        return queue_manifests(parse_topology(self.topology), namespace, prefix="versus")
+        return queue_manifests(parse_topology(self.topology), namespace, prefix="versus",
+                               preference_orders=True)  # fmt: skip
 
     def run(self, system: str, namespace: str, job_label: str, index_label: str,
             create: Any) -> SystemResult:  # fmt: skip
@@ -205,10 +208,12 @@ def run_kueue(bench: Bench) -> SystemResult:
         make_namespace(bench.api, namespace)
         queues = bench.queues(namespace)
         stack.apply(queues.manifests())
-        stack.wait_cluster_queue_active(queues.cluster_queue)
+        for cluster_queue in queues.cluster_queues:
+            stack.wait_cluster_queue_active(cluster_queue)
 
         def create(shape: JobShape) -> None:
-            body = jobset_manifest(shape, namespace, bench.name, queues.local_queue, queues.levels)
+            queue = queues.queue_for(shape.gpu_types)
+            body = jobset_manifest(shape, namespace, bench.name, queue, queues.levels)
             custom.create_namespaced_custom_object(
                 "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", body
             )
@@ -261,7 +266,7 @@ def write_yaml(bench: Bench, out: Path) -> None:
         seen.add(shape.kind)
         job = trainingjob(shape, bench.name)
         jobset = jobset_manifest(
-            shape, "versus-kueue", bench.name, queues.local_queue, queues.levels
+            shape, "versus-kueue", bench.name, queues.queue_for(shape.gpu_types), queues.levels
         )
         (out / f"{shape.kind}-trainingjob.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
         (out / f"{shape.kind}-jobset.yaml").write_text(yaml.safe_dump(jobset, sort_keys=False))
@@ -324,7 +329,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.yaml:
             write_yaml(bench, args.yaml)
         placement = (
-            run_placement(bench, args.placement_seeds, args.instance_timeout, trainingjob)
+            run_placement(bench, args.placement_seeds, args.instance_timeout, trainingjob,
+                          args.recovery_timeout)
             if args.placement_seeds > 0
             else PlacementResult()
         )

@@ -7,8 +7,9 @@ on its pod template: the gang preferred inside one block
 (`podset-slice-required-topology` + `podset-slice-size`) where the parallelism needs one. One
 replicated Job of `pods` completions, so pod index = completion index = the rank order
 `tp-pp-dp` that topotrain uses (Kueue's TAS orders JobSet pods by that index too). The
-acceptable GPU products are a required node affinity; their order cannot be expressed (the
-ClusterQueue's flavor order decides). `minData` cannot be expressed either: a JobSet's
+acceptable GPU products are a required node affinity; their order is the ClusterQueue's
+flavor order, so a job preferring another product than the first flavor's is sent to the
+LocalQueue of a ClusterQueue that tries that flavor first (`KueueQueues.queue_for`). `minData` cannot be expressed either: a JobSet's
 size is fixed.
 """
 

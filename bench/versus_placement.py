@@ -30,6 +30,7 @@ from scale_workload import JobShape
 from topotrain.kueue import KUEUE_API_VERSION
 from topotrain.manifests import INDEX_LABEL, JOB_LABEL
 from versus_jobs import FILLER_NAMESPACE, Placed, filler_pods, jobset_manifest, placement_cost
+from versus_recovery import RecoveryRow, run_recovery
 from versus_watch import gang_running, pod_views
 
 from testbed.kueue import QUEUE_LABEL, KueueStack
@@ -59,6 +60,8 @@ class PlacementResult:
     seeds: list[int] = field(default_factory=list)
     instances: list[Instance] = field(default_factory=list)
     seconds: float = 0.0
+    recovery: list[RecoveryRow] = field(default_factory=list)  # the recovery phase, after it
+    recovery_seconds: float = 0.0
 
 
 def _wait(check: Callable[[], Any], timeout: float, interval: float = 0.3) -> Any:
@@ -194,9 +197,12 @@ class Placer:
 
 
 def run_placement(bench: Bench, seeds: int, instance_timeout: float,
-                  make_job: Callable[..., dict[str, Any]]) -> PlacementResult:  # fmt: skip
+                  make_job: Callable[..., dict[str, Any]],
+                  recovery_timeout: float | None = None) -> PlacementResult:  # fmt: skip
     """Every (filler seed, job shape) instance, placed by each system alone; the stream's
-    fillers (seed `bench.args.seed`) are on the fleet again at the end."""
+    fillers (seed `bench.args.seed`) are on the fleet again at the end. With
+    `recovery_timeout`, then the recovery phase (bench/versus_recovery.py) on those fillers:
+    the stream's largest job alone under each system, a node of it lost."""
     start = time.monotonic()
     result = PlacementResult()
     base = bench.args.seed
@@ -213,7 +219,8 @@ def run_placement(bench: Bench, seeds: int, instance_timeout: float,
         stack.start()
         queues = bench.queues(KUEUE_NAMESPACE)
         stack.apply(queues.manifests())
-        stack.wait_cluster_queue_active(queues.cluster_queue)
+        for cluster_queue in queues.cluster_queues:
+            stack.wait_cluster_queue_active(cluster_queue)
         for seed in order:
             if seed != base or len(order) > 1:
                 placer.set_fillers(filler_pods(gpus, bench.args.used, seed))
@@ -221,10 +228,18 @@ def run_placement(bench: Bench, seeds: int, instance_timeout: float,
             for shape in bench.shapes:
                 inst = Instance(seed, shape)
                 inst.ours, inst.ours_note = placer.topotrain(shape)
-                inst.theirs, inst.theirs_note = placer.kueue(shape, queues.local_queue,
-                                                             queues.levels)  # fmt: skip
+                inst.theirs, inst.theirs_note = placer.kueue(
+                    shape, queues.queue_for(shape.gpu_types), queues.levels
+                )
                 result.instances.append(inst)
             result.seeds.append(seed)
+        result.seconds = time.monotonic() - start
+        if recovery_timeout is not None and bench.shapes:
+            began = time.monotonic()
+            shape = max(bench.shapes, key=lambda s: s.pods)
+            result.recovery = run_recovery(bench, shape, recovery_timeout, TOPOTRAIN_NAMESPACE,
+                                           KUEUE_NAMESPACE, queues, make_job)  # fmt: skip
+            result.recovery_seconds = time.monotonic() - began
     finally:
         operator.stop()
         with contextlib.suppress(Exception):
@@ -232,5 +247,4 @@ def run_placement(bench: Bench, seeds: int, instance_timeout: float,
         with contextlib.suppress(client.ApiException):
             bench.core.delete_namespace(KUEUE_NAMESPACE)
         stack.stop()
-    result.seconds = time.monotonic() - start
     return result

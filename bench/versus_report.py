@@ -21,7 +21,8 @@ EXPRESSIVENESS = (
      "largest allowed data degree that fits", "no: a JobSet's size is fixed; the elastic jobs run "
      "at full size or wait"),
     ("two GPU types in preference order per job", "yes: worker.gpuTypes is ordered",
-     "no: the ClusterQueue's flavor order holds for every job; a job can only restrict types"),
+     "only through queues: one ClusterQueue per flavor order, sharing quota in a cohort, and a "
+     "LocalQueue each (this bench makes them); a job picks an order by its queue"),
     ("TP group in one NVLink domain where pools differ (cliques vs. one board a node)",
      "yes: the NVLink level falls back to the node per pool", "one label per annotation: a "
      "Topology level missing on some nodes hides them from TAS, so the level is the hostname"),
@@ -194,6 +195,17 @@ def print_placement(result: PlacementResult, ours: str, theirs: str,
         ["placed by neither", str(only["neither"])],
     ])  # fmt: skip
     print()
+    if result.recovery:
+        print(f"### Node loss on identical state ({result.recovery_seconds:.0f}s)\n\n"
+              "The job alone under each system on the same fillers; the node of its pod 0 "
+              "deleted\n")  # fmt: skip
+        table(["system", "job", "pods", "node deleted", "node loss -> all pods Running s",
+               "pods created"], [
+            [row.system, row.job, str(row.pods), row.recovery.node if row.recovery else "-",
+             fmt(row.recovery.seconds) if row.recovery else f"- ({row.note})",
+             str(row.recovery.pods_created) if row.recovery else "-"]
+            for row in result.recovery])  # fmt: skip
+        print()
 
 
 def _pool(placed: Placed) -> str:

@@ -1,0 +1,109 @@
+"""bench/versus.py's recovery phase: the node-loss job alone under each system on the same
+fragmented fleet (the stream's fillers, nothing else of either system), so both recover
+into exactly the same free GPUs.
+
+Per system, one after the other: the job applied (a TrainingJob, or the JobSet of
+bench/versus_jobs.py in its LocalQueue), its gang all Running, then the Node of its pod 0
+deleted (a machine leaving); timed until the gang is all Running again off that node, with
+the pods created meanwhile counted (`versus_watch.time_recovery`). The node and its filler
+pods are put back and the job deleted before the other system's turn. The stream's own
+node loss (bench/versus.py) comes on top: there each system recovers into what its own
+stream left free, which differs between the two.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kubernetes import client
+from scale_workload import JobShape
+from topotrain.manifests import INDEX_LABEL, JOB_LABEL
+from versus_jobs import COMPLETION_INDEX_LABEL, JOBSET_NAME_LABEL, jobset_manifest
+from versus_watch import GangWatch, Recovery, time_recovery
+
+from testbed.kueue_queues import KueueQueues
+
+if TYPE_CHECKING:
+    from versus import Bench
+
+
+@dataclass(frozen=True)
+class RecoveryRow:
+    system: str
+    job: str
+    pods: int
+    recovery: Recovery | None  # None: the gang never ran, so no node was lost
+    note: str = ""
+
+
+class _System:
+    """How one system's job is made, watched and removed."""
+
+    def __init__(self, name: str, namespace: str, job_label: str, index_label: str,
+                 create: Callable[[JobShape], None], delete: Callable[[str], None]) -> None:  # fmt: skip
+        self.name, self.namespace = name, namespace
+        self.job_label, self.index_label = job_label, index_label
+        self.create, self.delete = create, delete
+
+
+def _until(check: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+def recover_once(bench: Bench, system: _System, shape: JobShape, timeout: float) -> RecoveryRow:
+    least = bench.least[shape.name]
+    watch = GangWatch(bench.api, system.namespace, system.job_label, system.index_label,
+                      {shape.name: least})  # fmt: skip
+    selector = f"{system.job_label}={shape.name}"
+    try:
+        watch.applied(shape.name, time.time())
+        system.create(shape)
+        if not _until(lambda: watch.snapshot()[shape.name].running is not None, bench.args.timeout):
+            return RecoveryRow(system.name, shape.name, shape.pods, None, "not Running")
+        gang = watch.snapshot()[shape.name]
+        node = gang.nodes[min(gang.nodes)]
+        print(f"[recovery] {system.name}: {shape.name} Running; deleting node {node}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        recovery = time_recovery(watch, shape.name, least, bench.kill_node, node, timeout)
+        bench.restore_node(node)
+        return RecoveryRow(system.name, shape.name, shape.pods, recovery)
+    finally:
+        watch.close()
+        system.delete(shape.name)
+        _until(lambda: not bench.core.list_namespaced_pod(
+            system.namespace, label_selector=selector).items, 180)  # fmt: skip
+
+
+def run_recovery(bench: Bench, shape: JobShape, timeout: float, topotrain_namespace: str,
+                 kueue_namespace: str, queues: KueueQueues,
+                 make_job: Callable[..., dict[str, Any]]) -> list[RecoveryRow]:  # fmt: skip
+    """Both systems' recovery of `shape` alone; their controllers are running (the placement
+    phase's operator and Kueue + JobSet) with `queues` applied in `kueue_namespace`."""
+    custom = client.CustomObjectsApi(bench.api)
+    tj = ("topotrain.io", "v1alpha1", topotrain_namespace, "trainingjobs")
+    js = ("jobset.x-k8s.io", "v1alpha2", kueue_namespace, "jobsets")
+    background = client.V1DeleteOptions(propagation_policy="Background")
+    systems = [
+        _System(
+            "topotrain", topotrain_namespace, JOB_LABEL, INDEX_LABEL,
+            lambda s: custom.create_namespaced_custom_object(
+                *tj, make_job(s, bench.name, topotrain_namespace)),
+            lambda n: custom.delete_namespaced_custom_object(*tj, n),
+        ),
+        _System(
+            "Kueue TAS + JobSet", kueue_namespace, JOBSET_NAME_LABEL, COMPLETION_INDEX_LABEL,
+            lambda s: custom.create_namespaced_custom_object(*js, jobset_manifest(
+                s, kueue_namespace, bench.name, queues.queue_for(s.gpu_types), queues.levels)),
+            lambda n: custom.delete_namespaced_custom_object(*js, n, body=background),
+        ),
+    ]  # fmt: skip
+    return [recover_once(bench, system, shape, timeout) for system in systems]
