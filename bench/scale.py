@@ -250,7 +250,8 @@ def print_table(results: list[SizeResult]) -> None:
                   f"{len(probe.latencies)} times, p99 {percentile(probe.latencies, 0.99) * 1000:.0f} ms, "
                   f"{len(probe.misses)} misses {dict(probe.why) or ''} (no answer within the chart's {probe.probe.timeout_s:g} s), "
                   f"longest miss streak {probe.longest_miss_streak():.0f} s (the kubelet restarts it after "
-                  f"{probe.probe.failure_threshold} misses {probe.probe.period_s:g} s apart)")
+                  f"{probe.probe.failure_threshold} misses {probe.probe.period_s:g} s apart); event loop "
+                  f"heartbeat age max {max(probe.loop_ages, default=float('nan')):.1f} s")
         for name, phase, why in result.waiting:
             print(f"not Running at {result.nodes} nodes: {name} ({phase}): {why or 'NO CONDITION SAYS WHY'}")
         phases = result.pass_phases

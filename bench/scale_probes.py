@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import ssl
 import threading
@@ -334,6 +335,9 @@ class HealthProbe:
         self.latencies: list[float] = []
         self.misses: list[float] = []  # time.time() of each miss
         self.why: Counter[str] = Counter()  # what each miss was
+        # the event loop's heartbeat age in each answer (topotrain.health): how long the loop
+        # went without running, which the answer's own latency no longer shows
+        self.loop_ages: list[float] = []
         self.began, self.up_after = time.monotonic(), float("nan")  # seconds to the first answer
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="health-probe", daemon=True)
@@ -360,7 +364,9 @@ class HealthProbe:
             why = ""
             try:
                 with urllib.request.urlopen(url, timeout=self.probe.timeout_s) as response:
-                    response.read()
+                    body = response.read()
+                with contextlib.suppress(ValueError, AttributeError):
+                    self.loop_ages.append(float(json.loads(body)["loopHeartbeatAgeSeconds"]))
             except OSError as exc:  # refused, reset, timed out, or an HTTP error status
                 why = type(exc).__name__ + (f" {exc.code}" if isinstance(exc, urllib.error.HTTPError) else "")
             took = time.monotonic() - began

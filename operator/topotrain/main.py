@@ -17,11 +17,12 @@ import kopf
 from topotrain import GROUP, KIND, PLURAL, VERSION, kopf_readiness
 from topotrain.fleet import Fleet
 from topotrain.handlers_jobs import JobLoop, Operator
+from topotrain.health import HealthServer, LoopHealth
 from topotrain.kube import Kube, load_config
 from topotrain.kueue import KUEUE_GROUP, KUEUE_VERSION
 from topotrain.metrics import METRICS
 from topotrain.ownership import controller_owner
-from topotrain.settings import Settings, add_arguments
+from topotrain.settings import Settings, SettingsError, add_arguments
 from topotrain.snapshot import job_of, requests_gpus, slim_node, slim_pod
 
 log = logging.getLogger("topotrain")
@@ -169,16 +170,34 @@ def _run(args: argparse.Namespace) -> int:
     )
     if not SETTINGS.verbose:  # kopf reports every successful watch handler at INFO
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    liveness = f"http://0.0.0.0:{SETTINGS.health_port}/healthz" if SETTINGS.health_port else None
     kopf_readiness.install()  # a fleet of thousands of nodes is listed in seconds, not minutes
-    asyncio.run(kopf.operator(
-        clusterwide=SETTINGS.cluster_wide,
-        namespaces=list(SETTINGS.namespaces),
-        standalone=SETTINGS.standalone,
-        peering_name=SETTINGS.peering or None,
-        priority=SETTINGS.peering_priority,
-        liveness_endpoint=liveness,
-    ))
+    # /healthz from a thread of its own, judged by the event loop's heartbeat (topotrain.health):
+    # kopf's endpoint shares the loop with every watch event and answered late on a busy fleet.
+    health = LoopHealth(SETTINGS.liveness_stall_seconds)
+    try:
+        server = HealthServer(health, SETTINGS.health_port).start() if SETTINGS.health_port else None
+    except OSError as err:
+        raise SettingsError(f"health port {SETTINGS.health_port} (--health-port, "
+                            f"TOPOTRAIN_HEALTH_PORT): {err.strerror or err}") from None
+
+    async def operate() -> None:
+        heartbeat = asyncio.create_task(health.run(), name="topotrain-heartbeat")
+        try:
+            await kopf.operator(
+                clusterwide=SETTINGS.cluster_wide,
+                namespaces=list(SETTINGS.namespaces),
+                standalone=SETTINGS.standalone,
+                peering_name=SETTINGS.peering or None,
+                priority=SETTINGS.peering_priority,
+            )
+        finally:
+            heartbeat.cancel()
+
+    try:
+        asyncio.run(operate())
+    finally:
+        if server is not None:
+            server.stop()
     return 0
 
 

@@ -35,6 +35,7 @@ class Settings:
     | labels.* | TOPOTRAIN_LABEL_BLOCK/RACK/NVLINK/HOST/PRODUCT | DESIGN.md's labels |
     | metrics_port | TOPOTRAIN_METRICS_PORT (0 disables) | 9090 |
     | health_port | TOPOTRAIN_HEALTH_PORT (0 disables) | 8080 |
+    | liveness_stall_seconds | TOPOTRAIN_LIVENESS_STALL_SECONDS (/healthz fails once the event loop has not run this long) | 60 |
     | peering | TOPOTRAIN_PEERING ("" = standalone) | topotrain |
     | s3_endpoint | TOPOTRAIN_S3_ENDPOINT (when a job names none) | unset |
     | master_port | TOPOTRAIN_MASTER_PORT | 29500 |
@@ -54,6 +55,9 @@ class Settings:
     labels: TopologyLevels = field(default_factory=TopologyLevels)
     metrics_port: int = 9090
     health_port: int = 8080
+    # /healthz is answered by a thread (topotrain.health); it fails once the event loop has not
+    # ticked for this long, so a loop busy with a burst of watch events is not restarted.
+    liveness_stall_seconds: float = 60.0
     peering: str = "topotrain"
     s3_endpoint: str | None = None
     master_port: int = DEFAULT_MASTER_PORT
@@ -104,6 +108,9 @@ class Settings:
             labels=labels,
             metrics_port=_port(env, "TOPOTRAIN_METRICS_PORT", base.metrics_port),
             health_port=_port(env, "TOPOTRAIN_HEALTH_PORT", base.health_port),
+            liveness_stall_seconds=_positive(_seconds(env, "TOPOTRAIN_LIVENESS_STALL_SECONDS",
+                                                      base.liveness_stall_seconds),
+                                             "TOPOTRAIN_LIVENESS_STALL_SECONDS"),
             peering=env.get("TOPOTRAIN_PEERING", base.peering).strip(),
             s3_endpoint=env.get("TOPOTRAIN_S3_ENDPOINT") or None,
             master_port=_port(env, "TOPOTRAIN_MASTER_PORT", base.master_port),
@@ -210,6 +217,12 @@ def _lifetime(env: Mapping[str, str], default: int) -> int:
     value = _integer(env, key, default)
     if value < 10:  # the keep-alive is sent 5-10 s before the lifetime ends
         raise SettingsError(f"{key}={value}: must be at least 10 seconds")
+    return value
+
+
+def _positive(value: float, key: str) -> float:
+    if value <= 0:
+        raise SettingsError(f"{key}={value:g}: must be > 0 (a liveness probe that always fails)")
     return value
 
 
