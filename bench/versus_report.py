@@ -52,6 +52,12 @@ class SystemResult:
                 if placed is not None:
                     self.placed[shape.name] = placed
 
+    def latency(self, job: str) -> float | None:
+        gang = self.gangs.get(job)
+        if gang is None or gang.running is None or not gang.applied:
+            return None
+        return gang.running - gang.applied
+
     def latencies(self) -> list[float]:
         return sorted(g.running - g.applied for g in self.gangs.values()
                       if g.running is not None and g.applied)  # fmt: skip
@@ -104,9 +110,11 @@ def print_report(results: Sequence[SystemResult], args: argparse.Namespace) -> i
             ratio = f"{r:.2f}x"
             if a.cost > b.cost:
                 worse.append(shape.name)
-        rows.append([shape.name, str(shape.pods), _cell(a), _cell(b), ratio])
+        rows.append([shape.name, str(shape.pods), _cell(a), _cell(b), ratio,
+                     fmt(ours.latency(shape.name)), fmt(theirs.latency(shape.name))])  # fmt: skip
     table(["job", "pods asked", f"{ours.system} pods: cost/rack/block",
-           f"{theirs.system} pods: cost/rack/block", "their cost / ours"], rows)  # fmt: skip
+           f"{theirs.system} pods: cost/rack/block", "their cost / ours",
+           f"{ours.system} apply->Running s", f"{theirs.system} apply->Running s"], rows)  # fmt: skip
     geo = math.exp(sum(logs) / len(logs)) if logs else float("nan")
     print(f"\ngeo-mean cost ratio ({theirs.system} / {ours.system}) over {len(logs)} jobs placed "
           f"by both at the same size: {fmt(geo)}x; jobs where {ours.system} costs more: "
