@@ -2,7 +2,8 @@
 fragmented fleet (the stream's fillers, nothing else of either system), so both recover
 into exactly the same free GPUs.
 
-Per system, one after the other: the job applied (a TrainingJob, or the JobSet of
+Per system and restart strategy, one after the other (topotrain restarting in place, the
+default, and recreating the gang; JobSet's Recreate and BlockingRecreate): the job applied (a TrainingJob, or the JobSet of
 bench/versus_jobs.py in its LocalQueue), its gang all Running, then the Node of its pod 0
 deleted (a machine leaving); timed until the gang is all Running again off that node, with
 the pods created meanwhile counted (`versus_watch.time_recovery`). The node and its filler
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class RecoveryRow:
     system: str
+    restart: str  # how the system was told to restart the gang
     job: str
     pods: int
     recovery: Recovery | None  # None: the gang never ran, so no node was lost
@@ -43,9 +45,9 @@ class RecoveryRow:
 class _System:
     """How one system's job is made, watched and removed."""
 
-    def __init__(self, name: str, namespace: str, job_label: str, index_label: str,
+    def __init__(self, name: str, restart: str, namespace: str, job_label: str, index_label: str,
                  create: Callable[[JobShape], None], delete: Callable[[str], None]) -> None:  # fmt: skip
-        self.name, self.namespace = name, namespace
+        self.name, self.restart, self.namespace = name, restart, namespace
         self.job_label, self.index_label = job_label, index_label
         self.create, self.delete = create, delete
 
@@ -68,14 +70,14 @@ def recover_once(bench: Bench, system: _System, shape: JobShape, timeout: float)
         watch.applied(shape.name, time.time())
         system.create(shape)
         if not _until(lambda: watch.snapshot()[shape.name].running is not None, bench.args.timeout):
-            return RecoveryRow(system.name, shape.name, shape.pods, None, "not Running")
+            return RecoveryRow(system.name, system.restart, shape.name, shape.pods, None, "not Running")
         gang = watch.snapshot()[shape.name]
         node = gang.nodes[min(gang.nodes)]
-        print(f"[recovery] {system.name}: {shape.name} Running; deleting node {node}",
+        print(f"[recovery] {system.name} ({system.restart}): {shape.name} Running; deleting node {node}",
               file=sys.stderr, flush=True)  # fmt: skip
         recovery = time_recovery(watch, shape.name, least, bench.kill_node, node, timeout)
         bench.restore_node(node)
-        return RecoveryRow(system.name, shape.name, shape.pods, recovery)
+        return RecoveryRow(system.name, system.restart, shape.name, shape.pods, recovery)
     finally:
         watch.close()
         system.delete(shape.name)
@@ -92,18 +94,36 @@ def run_recovery(bench: Bench, shape: JobShape, timeout: float, topotrain_namesp
     tj = ("topotrain.io", "v1alpha1", topotrain_namespace, "trainingjobs")
     js = ("jobset.x-k8s.io", "v1alpha2", kueue_namespace, "jobsets")
     background = client.V1DeleteOptions(propagation_policy="Background")
+
+    def trainingjob(in_place: bool) -> Callable[[JobShape], None]:
+        def create(s: JobShape) -> None:
+            job = make_job(s, bench.name, topotrain_namespace)
+            job["spec"].setdefault("failurePolicy", {})["restartInPlace"] = in_place
+            custom.create_namespaced_custom_object(*tj, job)
+        return create
+
+    def jobset(strategy: str) -> Callable[[JobShape], None]:
+        return lambda s: custom.create_namespaced_custom_object(*js, jobset_manifest(
+            s, kueue_namespace, bench.name, queues.queue_for(s.gpu_types), queues.levels,
+            restart_strategy=strategy))
+
+    def delete_tj(name: str) -> None:
+        custom.delete_namespaced_custom_object(*tj, name)
+
+    def delete_js(name: str) -> None:
+        custom.delete_namespaced_custom_object(*js, name, body=background)
+
+    ours, theirs = "topotrain", "Kueue TAS + JobSet"
     systems = [
-        _System(
-            "topotrain", topotrain_namespace, JOB_LABEL, INDEX_LABEL,
-            lambda s: custom.create_namespaced_custom_object(
-                *tj, make_job(s, bench.name, topotrain_namespace)),
-            lambda n: custom.delete_namespaced_custom_object(*tj, n),
-        ),
-        _System(
-            "Kueue TAS + JobSet", kueue_namespace, JOBSET_NAME_LABEL, COMPLETION_INDEX_LABEL,
-            lambda s: custom.create_namespaced_custom_object(*js, jobset_manifest(
-                s, kueue_namespace, bench.name, queues.queue_for(s.gpu_types), queues.levels)),
-            lambda n: custom.delete_namespaced_custom_object(*js, n, body=background),
-        ),
+        # restartInPlace (the default): only the lost node's pod is replaced, the others kept
+        _System(ours, "in place", topotrain_namespace, JOB_LABEL, INDEX_LABEL,
+                trainingjob(True), delete_tj),
+        _System(ours, "recreate", topotrain_namespace, JOB_LABEL, INDEX_LABEL,
+                trainingjob(False), delete_tj),
+        # JobSet's InPlaceRestart needs an agent in every pod (and a feature gate): not on KWOK
+        _System(theirs, "Recreate", kueue_namespace, JOBSET_NAME_LABEL, COMPLETION_INDEX_LABEL,
+                jobset("Recreate"), delete_js),
+        _System(theirs, "BlockingRecreate", kueue_namespace, JOBSET_NAME_LABEL,
+                COMPLETION_INDEX_LABEL, jobset("BlockingRecreate"), delete_js),
     ]  # fmt: skip
     return [recover_once(bench, system, shape, timeout) for system in systems]

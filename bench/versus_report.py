@@ -28,8 +28,11 @@ EXPRESSIVENESS = (
      "Topology level missing on some nodes hides them from TAS, so the level is the hostname"),
     ("pipeline neighbours close, DP groups in few racks (a cost, not a rule)",
      "yes: the cost model of docs/placement.md", "preferred level for the whole gang only"),
-    ("recovery after a node loss", "incremental: only lost pods re-planned",
-     "JobSet Recreate (all pods) + Kueue TAS node replacement"),
+    ("recovery after a node loss",
+     "in place (default): the lost node's pod re-planned and created, the others kept; "
+     "or recreate the gang",
+     "Recreate or BlockingRecreate (all pods) + Kueue TAS node replacement; InPlaceRestart "
+     "needs an agent in every pod and a feature gate"),
 )  # fmt: skip
 
 
@@ -207,9 +210,9 @@ def print_placement(result: PlacementResult, ours: str, theirs: str,
         print(f"### Node loss on identical state ({result.recovery_seconds:.0f}s)\n\n"
               "The job alone under each system on the same fillers; the node of its pod 0 "
               "deleted\n")  # fmt: skip
-        table(["system", "job", "pods", "node deleted", "node loss -> all pods Running s",
-               "pods created"], [
-            [row.system, row.job, str(row.pods), row.recovery.node if row.recovery else "-",
+        table(["system", "restart", "job", "pods", "node deleted",
+               "node loss -> all pods Running s", "pods created"], [
+            [row.system, row.restart, row.job, str(row.pods), row.recovery.node if row.recovery else "-",
              fmt(row.recovery.seconds) if row.recovery else f"- ({row.note})",
              str(row.recovery.pods_created) if row.recovery else "-"]
             for row in result.recovery])  # fmt: skip

@@ -73,14 +73,20 @@ def test_quick_versus_runs_both_systems_and_prints_every_table(
     assert code == 0
     for heading in ("| seed | job | pods asked |", "| summary | value |", "| job | pods asked |",
                     "| system | jobs Running |", "| system | node deleted |",
-                    "| system | job | pods | node deleted |", "| can a user express |"):  # fmt: skip
+                    "| system | restart | job | pods | node deleted |",
+                    "| can a user express |"):  # fmt: skip
         assert heading in out, out
     both = next(line for line in out.splitlines() if "instances placed by both" in line)
     assert int(both.split("|")[2]) > 0, out
-    # the recovery phase: topotrain, alone on a fleet with free nodes, runs again after losing one
-    rec = out.split("| system | job | pods | node deleted |", 1)[1].split("\n\n", 1)[0]
-    ours = next(line.split("|") for line in rec.splitlines() if line.startswith("| topotrain |"))
-    assert float(ours[5]) > 0 and int(ours[6]) > 0, rec
+    # the recovery phase: topotrain, alone on a fleet with free nodes, runs again after losing a
+    # node; restarting in place it creates only the lost node's pod, recreating it makes them all
+    rec = out.split("| system | restart | job | pods | node deleted |", 1)[1].split("\n\n", 1)[0]
+    rows = {(c[1].strip(), c[2].strip()): c for c in (line.split("|") for line in rec.splitlines())
+            if len(c) > 7}  # fmt: skip
+    in_place, recreate = rows[("topotrain", "in place")], rows[("topotrain", "recreate")]
+    assert float(in_place[6]) > 0 and int(in_place[7]) == 1, rec
+    assert float(recreate[6]) > 0 and int(recreate[7]) == int(recreate[4]), rec
+    assert ("Kueue TAS + JobSet", "BlockingRecreate") in rows, rec
     stream = out.split("| system | jobs Running |", 1)[1]
     rows = [line for line in stream.splitlines() if line.startswith(("| topotrain |", "| Kueue"))]
     running = {cells[1].strip(): cells[2].strip() for cells in (r.split("|") for r in rows[:2])}
