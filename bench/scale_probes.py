@@ -303,10 +303,20 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
 
 def scrape_counter(port: int, name: str) -> float:
     """The sum of a counter's samples over all its labels."""
+    return sum(scrape_counter_by(port, name).values())
+
+
+def scrape_counter_by(port: int, name: str) -> dict[str, float]:
+    """A counter's samples by their label set as written (`resource="nodes"`; "" unlabelled)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith((f"{name}{{", f"{name} ")))
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith((f"{name}{{", f"{name} ")):
+            head, value = line.rsplit(" ", 1)
+            labels = head[len(name):].strip().strip("{}")
+            samples[labels] = samples.get(labels, 0.0) + float(value)
+    return samples
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from scale_probes import (
     metrics_ready,
     proc_usage,
     scrape_counter,
+    scrape_counter_by,
     scrape_histogram,
 )
 
@@ -113,7 +114,11 @@ class OperatorRun:
         self.health: HealthProbe | None = None
         self.started_s = float("nan")  # start -> serving every watch
 
-    def start(self, timeout: float) -> None:
+    def start(self, timeout: float, listed: dict[str, int] | None = None) -> None:
+        """Start it and wait until it serves. `listed` (resource -> objects it will list, as
+        `topotrain_watch_events_total` labels them: nodes, pods) also waits until it has handled
+        that many events of each, its start-up listing: a deployed operator has long done that
+        when jobs arrive, as Kueue has synced its caches once its ClusterQueues are active."""
         kubeconfig = self.bed.kubeconfig
         if self.proxy is not None:
             kubeconfig = self.proxy.kubeconfig(self.bed.root / f"operator-{self.namespace}.kubeconfig")
@@ -135,8 +140,20 @@ class OperatorRun:
                 raise TimeoutError(f"the operator did not start in {timeout:.0f}s:\n{self.tail()}")
             time.sleep(0.25)
         self.started_s = time.monotonic() - began
-        if self.proxy is None:
+        if listed:
+            while not self._listed(listed):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the operator did not list {listed} in {timeout:.0f}s")
+                time.sleep(0.5)
+        elif self.proxy is None:
             time.sleep(5.0)  # no view of its watches: give its initial lists time
+
+    def _listed(self, listed: dict[str, int]) -> bool:
+        try:
+            seen = scrape_counter_by(self.metrics_port, WATCH_EVENTS)
+        except OSError:
+            return False
+        return all(seen.get(f'resource="{resource}"', 0.0) >= count for resource, count in listed.items())
 
 
     def watch_events(self) -> float:

@@ -101,6 +101,11 @@ class Bench:
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(create, pods))
 
+    def listed(self) -> dict[str, int]:
+        """What an operator watching the filler namespace lists at its start (nodes, GPU pods)."""
+        fillers = self.core.list_namespaced_pod(FILLER_NAMESPACE).items
+        return {"nodes": len(self.core.list_node().items), "pods": len(fillers)}
+
     def kill_node(self, node: str) -> None:
         self.core.delete_node(node)
 
@@ -180,7 +185,7 @@ def run_topotrain(bench: Bench) -> SystemResult:
     # The filler pods' namespace too: an operator limited to namespaces indexes only their
     # pods, and would not see the GPUs the fillers hold.
     operator = OperatorRun(bench.bed, f"{namespace},{FILLER_NAMESPACE}", None)
-    operator.start(timeout=180)
+    operator.start(timeout=300, listed=bench.listed())
     try:
 
         def create(shape: JobShape) -> None:

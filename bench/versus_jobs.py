@@ -162,5 +162,10 @@ def placement_cost(
 
 
 def fleet_pools(node_dicts: Sequence[Mapping[str, Any]]) -> dict[str, list[NodeInfo]]:
-    """The fleet's nodes by pool, as the cost model indexes them (free GPUs do not matter)."""
-    return Inventory.from_snapshot(node_dicts, [], TopologyLevels()).pools()
+    """The fleet's nodes by pool, as the cost model indexes them. Every node with GPUs counts,
+    usable or not when listed (a node that was not Ready yet, or is cordoned, is still where
+    it is in the topology); free GPUs do not matter."""
+    grouped: dict[str, list[NodeInfo]] = {}
+    for info in Inventory.from_snapshot(node_dicts, [], TopologyLevels()).known.values():
+        grouped.setdefault(info.pool, []).append(info)
+    return {pool: sorted(infos, key=lambda n: n.path) for pool, infos in sorted(grouped.items())}

@@ -215,7 +215,7 @@ def run_placement(bench: Bench, seeds: int, instance_timeout: float,
     operator = OperatorRun(bench.bed, f"{TOPOTRAIN_NAMESPACE},{FILLER_NAMESPACE}", None)
     stack = KueueStack(bench.bed, jobset=True)
     try:
-        operator.start(timeout=180)
+        operator.start(timeout=300, listed=bench.listed())
         stack.start()
         queues = bench.queues(KUEUE_NAMESPACE)
         stack.apply(queues.manifests())
