@@ -20,11 +20,9 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 def versus_jobs() -> Iterator[ModuleType]:
     sys.path.insert(0, str(BENCH))
     try:
-        import scale_workload
         import versus_jobs
 
         yield versus_jobs
-        del scale_workload
     finally:
         sys.path.remove(str(BENCH))
         for name in [n for n in sys.modules if n in ("versus_jobs", "scale_workload")]:
