@@ -80,6 +80,7 @@ class Bench:
         self.topology = fleet(args.nodes, "v-")
         self.name = str(self.topology["name"])
         names = apply_topology(bed.kubeconfig, self.topology)
+        self.node_count = len(names)
         wait_nodes_ready(bed.kubeconfig, names, timeout=900)
         nodes = [api.sanitize_for_serialization(n) for n in self.core.list_node().items]
         self.pools = fleet_pools(nodes)
@@ -104,7 +105,7 @@ class Bench:
     def listed(self) -> dict[str, int]:
         """What an operator watching the filler namespace lists at its start (nodes, GPU pods)."""
         fillers = self.core.list_namespaced_pod(FILLER_NAMESPACE).items
-        return {"nodes": len(self.core.list_node().items), "pods": len(fillers)}
+        return {"nodes": self.node_count, "pods": len(fillers)}
 
     def kill_node(self, node: str) -> None:
         self.core.delete_node(node)

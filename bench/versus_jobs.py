@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from placement import scatter
@@ -165,7 +165,5 @@ def fleet_pools(node_dicts: Sequence[Mapping[str, Any]]) -> dict[str, list[NodeI
     """The fleet's nodes by pool, as the cost model indexes them. Every node with GPUs counts,
     usable or not when listed (a node that was not Ready yet, or is cordoned, is still where
     it is in the topology); free GPUs do not matter."""
-    grouped: dict[str, list[NodeInfo]] = {}
-    for info in Inventory.from_snapshot(node_dicts, [], TopologyLevels()).known.values():
-        grouped.setdefault(info.pool, []).append(info)
-    return {pool: sorted(infos, key=lambda n: n.path) for pool, infos in sorted(grouped.items())}
+    inventory = Inventory.from_snapshot(node_dicts, [], TopologyLevels())
+    return replace(inventory, nodes=inventory.known).pools()

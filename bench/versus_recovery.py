@@ -3,11 +3,12 @@ fragmented fleet (the stream's fillers, nothing else of either system), so both 
 into exactly the same free GPUs.
 
 Per system and restart strategy, one after the other (topotrain restarting in place, the
-default, and recreating the gang; JobSet's Recreate and BlockingRecreate): the job applied (a TrainingJob, or the JobSet of
-bench/versus_jobs.py in its LocalQueue), its gang all Running, then the Node of its pod 0
-deleted (a machine leaving); timed until the gang is all Running again off that node, with
-the pods created meanwhile counted (`versus_watch.time_recovery`). The node and its filler
-pods are put back and the job deleted before the other system's turn. The stream's own
+default, and recreating the gang; JobSet's Recreate and BlockingRecreate): the job applied
+(a TrainingJob, or the JobSet of bench/versus_jobs.py in its LocalQueue), its gang all
+Running, then the Node of its pod 0 deleted (a machine leaving); timed until the gang is all
+Running again off that node, with the pods created meanwhile counted
+(`versus_watch.time_recovery`). The node and its filler pods are put back and the job
+deleted before the next run. The stream's own
 node loss (bench/versus.py) comes on top: there each system recovers into what its own
 stream left free, which differs between the two.
 """
