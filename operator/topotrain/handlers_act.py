@@ -51,6 +51,8 @@ class Actuator:
         # nodes of Kueue's topology assignment: a pod placed on one is marked as a TAS pod, so
         # Kueue counts its GPUs through the Workload only (kueue.TAS_POD_ANNOTATION)
         self.tas_hosts: frozenset[str] = frozenset()
+        # the job runs under Kueue (its pods may carry Kueue's own gates: every pod is released)
+        self.queued = False
 
     def apply(
         self, key: JobKey, body: Mapping[str, Any], spec: TrainingJobSpec, decision: Decision,
@@ -113,6 +115,10 @@ class Actuator:
             if launch.assignments[i] in self.tas_hosts:
                 manifest["metadata"].setdefault("annotations", {})[TAS_POD_ANNOTATION] = (
                     settings.labels.block)
+        if launch.release and len(manifests) == 1 and not self.queued:
+            # One pod is all that starts (a one-pod gang, an in-place restart's replacement): it
+            # is created ungated, not gated and then released by a second API call.
+            manifests[0]["spec"].pop("schedulingGates", None)
         return manifests
 
     def _launch(
@@ -142,9 +148,13 @@ class Actuator:
             for name in every:
                 self.ledger.forget(job.namespace, name)
             return refused
-        if launch.release:
+        if launch.release and _gated(manifests):
             self.kube.release_pods(job.namespace, every)
         return {}
+
+
+def _gated(manifests: list[dict[str, Any]]) -> bool:
+    return any(m["spec"].get("schedulingGates") for m in manifests)
 
 
 def _job_meta(key: JobKey, body: Mapping[str, Any]) -> JobMeta:

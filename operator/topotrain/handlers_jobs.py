@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -259,7 +259,8 @@ class JobLoop:
         except ValidationError as exc:
             return await self._invalid_spec(status, str(exc).splitlines()[0:3])
         view = self.queue_view = None
-        if queue_name(self.body) is not None:
+        self.actuator.queued = queue_name(self.body) is not None
+        if self.actuator.queued:
             view = self.queue_view = await asyncio.to_thread(
                 self.queue.observe, self.body, spec, status.phase in ("Succeeded", "Failed"))
             spec = _admitted_spec(spec, view)
@@ -276,19 +277,18 @@ class JobLoop:
         # ledger before the lock is released, so another job's plan never takes their GPUs; the
         # status write and the pod changes run after it, so one job's slow API call never holds
         # up every other job.
-        node_list, pod_list = _values(nodes), self.op.ghosts.drop(_values(pods))
+        look = WatchLook(self.op, self.key, pods, nodes)
         decision: rec.Decision | None = None
         nodes_used: frozenset[str] = frozenset()
         try:
             decision, nodes_used, claims = await asyncio.to_thread(
-                self._decide, spec, status, node_list, pod_list, ckpt, table, problem, probe=True)
+                self._decide, spec, status, look.take(), ckpt, table, problem, probe=True)
         except WouldPlan:
             claims = True
         for fresh_read in (False, True) if claims or decision is None or decision.relabel is not None else ():
             async with self.op.plan_lock:
-                node_list, pod_list = _values(nodes), self.op.ghosts.drop(_values(pods))
                 locked, nodes_used, _ = await asyncio.to_thread(
-                    self._decide, spec, status, node_list, pod_list, ckpt, table, problem)
+                    self._decide, spec, status, look.take(), ckpt, table, problem)
                 decision = locked
                 stale = (spec.checkpoint is not None and not fresh_read
                          and (locked.launch is not None or locked.relabel is not None)
@@ -318,7 +318,7 @@ class JobLoop:
         self.actuator.tas_hosts = frozenset(view.hosts or ()) if view is not None else frozenset()
         refused = await asyncio.to_thread(self.actuator.apply, self.key, self.body, spec, decision)
         acted = time.perf_counter()
-        if self.actuator.gone and (ghosts := self.op.ghosts.mark(pod_list, self.key[0], self.actuator.gone)):
+        if self.actuator.gone and (ghosts := self.op.ghosts.mark(look.pods, self.key[0], self.actuator.gone)):
             # Mostly a deletion the watch has not delivered yet; sometimes one it never will.
             log.info("%s/%s: the API server has no pod %s though the watch cache shows it: "
                      "leaving it out from now on", *self.key, ", ".join(sorted(self.actuator.gone)))
@@ -345,15 +345,15 @@ class JobLoop:
         return decision.requeue_after
 
     def _decide(self, spec: TrainingJobSpec, status: TrainingJobStatus,
-                nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
+                take: Callable[[], Snapshot],
                 ckpt: CheckpointView | None, table: rec.RankTable | None,
                 problem: tuple[str, str] | None, probe: bool = False
                 ) -> tuple[rec.Decision, frozenset[str], bool]:
-        """Snapshot and decide (pure, CPU only): run in a worker thread. Also returns the nodes
-        the job's pods are on or planned for (what wakes it), and whether the decision claims
-        free GPUs (it planned, or launches pods): only such a decision needs the plan lock.
-        `probe`: raise WouldPlan where the decision would plan."""
-        snapshot = Snapshot.take(nodes, pods, self.op.ledger, self.op.fleet, self.op.ghosts.current())
+        """Snapshot (`take`: WatchLook's) and decide (pure, CPU only): run in a worker thread.
+        Also returns the nodes the job's pods are on or planned for (what wakes it), and whether
+        the decision claims free GPUs (it planned, or launches pods): only such a decision needs
+        the plan lock. `probe`: raise WouldPlan where the decision would plan."""
+        snapshot = take()
         obs = self._observed(spec, status, snapshot, ckpt, table, problem, probe)
         decision = rec.reconcile(obs)
         used = {p.node or p.planned_node for p in obs.pods}
@@ -502,6 +502,81 @@ def _admitted_spec(spec: TrainingJobSpec, view: QueueView | None) -> TrainingJob
     return spec.model_copy(update={"parallelism": spec.parallelism.model_copy(update={"data": view.data})})
 
 
-def _values(index: kopf.Index[str, Any]) -> Iterable[Mapping[str, Any]]:
-    store = index.get("all")
+def _values(index: kopf.Index[Any, Any], key: Any = "all") -> list[Mapping[str, Any]]:
+    store = index.get(key)
     return list(store) if store is not None else []
+
+
+# Besides "all", the indexes (main.py) file each node under its name and each pod with a job
+# label under that job: a pass looks up what it needs, never lists the fleet.
+def node_key(name: str) -> tuple[str, str]:
+    return ("node", name)
+
+
+def job_pods_key(job: JobKey) -> tuple[str, str, str]:
+    return ("job", *job)
+
+
+def node_entries(slim: Mapping[str, Any]) -> dict[Any, Mapping[str, Any]]:
+    """What the nodes index files a slim node under."""
+    return {"all": slim, node_key(str(slim["metadata"]["name"])): slim}
+
+
+def pod_entries(slim: Mapping[str, Any]) -> dict[Any, Mapping[str, Any]]:
+    """What the GPU pods index files a slim pod under."""
+    job = job_of(slim)
+    return {"all": slim} if job is None else {"all": slim, job_pods_key(job): slim}
+
+
+class IndexedNodes(Mapping[str, Mapping[str, Any]]):
+    """Node name -> slim node, read from the nodes index at each lookup."""
+
+    def __init__(self, index: kopf.Index[Any, Any]) -> None:
+        self._index = index
+
+    def __getitem__(self, name: str) -> Mapping[str, Any]:
+        store = self._index.get(node_key(name))
+        found: list[Mapping[str, Any]] = list(store) if store is not None else []  # one C call: the event loop may be changing it
+        if not found:
+            raise KeyError(name)
+        return found[0]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and node_key(name) in self._index
+
+    def __iter__(self) -> Iterator[str]:
+        return (str(n["metadata"]["name"]) for n in _values(self._index))
+
+    def __len__(self) -> int:
+        store = self._index.get("all")
+        return len(store) if store is not None else 0
+
+
+class WatchLook:
+    """What one job's pass reads from the watch indexes: with the operator's fleet, a scoped
+    snapshot (the job's pods, nodes found by name); without one, every node and pod."""
+
+    def __init__(self, op: Operator, key: JobKey, pods: kopf.Index[Any, Any],
+                 nodes: kopf.Index[Any, Any]) -> None:  # fmt: skip
+        self.op, self.key, self._pods, self._nodes = op, key, pods, nodes
+        self.pods: list[Mapping[str, Any]] = []  # this look's pods (ghosts left out)
+
+    def take(self) -> Callable[[], Snapshot]:
+        """Read the indexes now (in the event loop, where they change); the snapshot is built
+        by the returned function in a worker thread."""
+        op, ghosts = self.op, self.op.ghosts.current()
+        fleet = op.fleet
+        if fleet is None or fleet.levels != op.settings.labels:
+            nodes = _values(self._nodes)
+            self.pods = op.ghosts.drop(_values(self._pods))
+            pods = self.pods
+            return lambda: Snapshot.take(nodes, pods, op.ledger, fleet, ghosts)
+        self.pods = op.ghosts.drop(_values(self._pods, job_pods_key(self.key)), every=False)
+        pods, index, lookup = self.pods, self._pods, IndexedNodes(self._nodes)
+
+        def shown(job: JobKey, pod: tuple[str, str]) -> bool:
+            store = index.get(job_pods_key(job))
+            return store is not None and any(p["metadata"]["name"] == pod[1] and p["metadata"].get("uid") not in ghosts
+                                             for p in list(store))  # fmt: skip
+
+        return lambda: Snapshot.for_job(lookup, pods, op.ledger, fleet, shown, ghosts)

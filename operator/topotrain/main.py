@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
 from topotrain import GROUP, KIND, PLURAL, VERSION, kopf_readiness
 from topotrain.fleet import Fleet
-from topotrain.handlers_jobs import JobLoop, Operator
+from topotrain.handlers_jobs import JobLoop, Operator, node_entries, pod_entries
 from topotrain.health import HealthServer, LoopHealth
 from topotrain.kube import Kube, load_config
 from topotrain.kueue import KUEUE_GROUP, KUEUE_VERSION
@@ -65,19 +66,19 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 # kopf's thread pool for every event); they also keep the fleet's free-GPU counts, before kopf
 # stores the object (fleet.py).
 @kopf.index("nodes")
-async def nodes_index(body: kopf.Body, **_: Any) -> dict[str, Any]:
+async def nodes_index(body: kopf.Body, **_: Any) -> dict[Any, Mapping[str, Any]]:
     slim = slim_node(body)
     if (op := STATE.get("op")) is not None and op.fleet is not None:
         op.fleet.node_seen(slim)
-    return {"all": slim}
+    return node_entries(slim)
 
 
 @kopf.index("pods", when=lambda body, **_: requests_gpus(body))
-async def gpu_pods_index(body: kopf.Body, **_: Any) -> dict[str, Any]:
+async def gpu_pods_index(body: kopf.Body, **_: Any) -> dict[Any, Mapping[str, Any]]:
     slim = slim_pod(body)
     if (op := STATE.get("op")) is not None and op.fleet is not None:
         op.fleet.pod_seen(slim)
-    return {"all": slim}
+    return pod_entries(slim)
 
 
 @kopf.on.event("pods", when=lambda body, **_: requests_gpus(body))

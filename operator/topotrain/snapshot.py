@@ -184,10 +184,12 @@ def node_view(node: Mapping[str, Any]) -> NodeView:
 
 class NodeViews(Mapping[str, NodeView]):
     """Node name -> NodeView of every node, each parsed when first looked up: a pass looks at
-    the nodes of one job's pods, not at the whole fleet."""
+    the nodes of one job's pods, not at the whole fleet. `nodes`: every slim node, or a mapping
+    name -> slim node that finds them (the operator's index: nothing is copied per pass)."""
 
-    def __init__(self, nodes: Iterable[Mapping[str, Any]]) -> None:
-        self._raw = {str(n["metadata"]["name"]): n for n in nodes}
+    def __init__(self, nodes: Iterable[Mapping[str, Any]] | Mapping[str, Mapping[str, Any]]) -> None:
+        self._raw: Mapping[str, Mapping[str, Any]] = (
+            nodes if isinstance(nodes, Mapping) else {str(n["metadata"]["name"]): n for n in nodes})
         self._views: dict[str, NodeView] = {}
 
     def __getitem__(self, name: str) -> NodeView:
@@ -250,11 +252,12 @@ class Ledger:
             if entry is not None and _owner_uid(entry[1]) == _owner_uid(pod):
                 del self.entries[key]
 
-    def unseen(self, seen: Iterable[tuple[str, str]]) -> list[tuple[JobKey, dict[str, Any]]]:
-        """Entries the index does not show yet (expired ones are dropped)."""
-        shown, now = set(seen), time.monotonic()
+    def unseen(self, shown: Callable[[JobKey, tuple[str, str]], bool]) -> list[tuple[JobKey, dict[str, Any]]]:
+        """Entries the index does not show yet (those it shows, and expired ones, are dropped).
+        `shown(job, (namespace, name))`: whether the index holds that pod of `job`."""
+        now = time.monotonic()
         with self._mutex:
-            for key in [k for k, (_, _, t) in self.entries.items() if k in shown or now - t > LEDGER_TTL]:
+            for key in [k for k, (job, _, t) in self.entries.items() if now - t > LEDGER_TTL or shown(job, k)]:
                 del self.entries[key]
             return [(job, slim) for job, slim, _ in self.entries.values()]
 
@@ -301,6 +304,8 @@ class Ghosts:
         `second_look` seconds later a consistent LIST (a pod just created, not yet in a cache, is
         in that one; default SECOND_LOOK_SECONDS). `list_uids(cached)` lists. Returns the index entries found to be ghosts."""
         entries = {str(p["metadata"]["uid"]): p for p in indexed if p["metadata"].get("uid")}
+        with self._mutex:
+            self.uids &= set(entries)  # ghosts the index dropped since (passes look at one job)
         suspects = set(entries) - self.uids - list_uids(True)
         if not suspects:
             return []
@@ -314,14 +319,15 @@ class Ghosts:
         with self._mutex:
             return frozenset(self.uids)
 
-    def drop(self, pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-        """`pods` without the ghosts; forgets ghosts the index no longer holds."""
+    def drop(self, pods: Iterable[Mapping[str, Any]], every: bool = True) -> list[Mapping[str, Any]]:
+        """`pods` without the ghosts. `every`: `pods` is the whole index, and ghosts it no longer
+        holds are forgotten (a job's own pods are not: `resync` forgets them instead)."""
         listed = list(pods)
         with self._mutex:
             if not self.uids:
                 return listed
-            present = {p["metadata"].get("uid") for p in listed}
-            self.uids &= present
+            if every:
+                self.uids &= {p["metadata"].get("uid") for p in listed}
             return [p for p in listed if p["metadata"].get("uid") not in self.uids]
 
 
@@ -330,14 +336,17 @@ class Snapshot:
     """One consistent look at the cluster (the watch indexes at one moment, with the ledger).
 
     With a `fleet` (the operator's, fed by the same watch) a job's inventory comes from its kept
-    counts; without one (tests, tools) it is rebuilt from every node and pod here.
+    counts; without one (tests, tools) it is rebuilt from every node and pod here. A job's pass
+    in the operator takes a scoped snapshot (`for_job`): the job's pods and the nodes it looks up,
+    so that a pass costs what the job has, not what the fleet has (5,000 nodes, 4,000 pods).
     """
 
-    nodes: list[Mapping[str, Any]]
-    pods: list[Mapping[str, Any]]  # every GPU pod, including ledger entries not yet watched
+    nodes: list[Mapping[str, Any]]  # every node; [] when scoped (`lookup` finds them)
+    pods: list[Mapping[str, Any]]  # every GPU pod (scoped: the job's label's), with ledger entries not yet watched
     fleet: Fleet | None = None
     unseen: list[Mapping[str, Any]] = field(default_factory=list)  # the ledger's entries in `pods`
     ghosts: frozenset[str] = frozenset()  # uids left out of `pods` (Ghosts)
+    lookup: Mapping[str, Mapping[str, Any]] | None = None  # scoped: node name -> slim node
 
     @classmethod
     def take(cls, nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
@@ -345,16 +354,27 @@ class Snapshot:
         # The index's slim dicts as they are (nothing here writes to them): a pass of a 5,000-node
         # fleet copies no node and no pod.
         pod_list = list(pods)
-        seen = [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in pod_list]
-        unseen: list[Mapping[str, Any]] = [slim for _, slim in ledger.unseen(seen)]
+        seen = {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in pod_list}
+        unseen: list[Mapping[str, Any]] = [slim for _, slim in ledger.unseen(lambda _, key: key in seen)]
         return cls(nodes=list(nodes), pods=pod_list + unseen, fleet=fleet, unseen=unseen, ghosts=ghosts)
+
+    @classmethod
+    def for_job(cls, nodes: Mapping[str, Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
+                ledger: Ledger, fleet: Fleet, shown: Callable[[JobKey, tuple[str, str]], bool],
+                ghosts: frozenset[str] = frozenset()) -> Snapshot:
+        """A job's scoped look: `pods` every pod with the job's label (its own and namesakes'),
+        `nodes` finds a node by name, `shown` says whether the index holds a ledger entry's pod.
+        Every other job's unseen ledger entries are kept too: their GPUs are taken."""
+        unseen: list[Mapping[str, Any]] = [slim for _, slim in ledger.unseen(shown)]
+        return cls(nodes=[], pods=list(pods) + unseen, fleet=fleet, unseen=unseen, ghosts=ghosts,
+                   lookup=nodes)
 
     def job_pods(self, job: JobKey, uid: str | None = None) -> tuple[PodView, ...]:
         views = (pod_view(p) for p in self.pods if belongs(p, job, uid))
         return tuple(sorted((v for v in views if v is not None), key=lambda v: (v.attempt, v.index)))
 
     def node_views(self) -> NodeViews:
-        return NodeViews(self.nodes)
+        return NodeViews(self.lookup if self.lookup is not None else self.nodes)
 
     def reserved(self, job: JobKey, uid: str | None = None) -> dict[str, int]:
         """GPUs promised to other jobs' pods that are not bound yet (gated or just created)."""
@@ -382,6 +402,8 @@ class Snapshot:
         """
         if self.fleet is not None and self.fleet.levels == labels:
             return self.fleet.inventory(job, uid, tolerations, node_selector, avoid, self.unseen, self.ghosts)
+        if self.lookup is not None:
+            raise ValueError("a scoped snapshot plans only on a fleet with the same topology labels")
         others = [p for p in self.pods if not belongs(p, job, uid)]
         nodes = [n for n in self.nodes if n["metadata"]["name"] not in avoid] if avoid else self.nodes
         return Inventory.from_snapshot(

@@ -15,8 +15,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from topotrain.fleet import Fleet
-from topotrain.manifests import JOB_LABEL, NODE_ANNOTATION
-from topotrain.snapshot import Ledger, Snapshot, slim_node, slim_pod
+from topotrain.handlers_jobs import Operator, WatchLook, node_entries, pod_entries
+from topotrain.manifests import ATTEMPT_LABEL, INDEX_LABEL, JOB_LABEL, NODE_ANNOTATION
+from topotrain.settings import Settings
+from topotrain.snapshot import Ghosts, Ledger, Snapshot, slim_node, slim_pod
 from topotrain.topology import TopologyLevels
 
 LEVELS = TopologyLevels()
@@ -166,3 +168,58 @@ def test_every_kind_of_single_pod_counts_as_a_recount_does() -> None:
         for asking in (("ns", "a"), ("ns", "b")):
             want = Snapshot.take([node], [pod], Ledger()).inventory(asking, LEVELS, [], {})
             assert Snapshot.take([node], [pod], Ledger(), fleet).inventory(asking, LEVELS, [], {}) == want
+
+
+def as_index(entries: list[dict[Any, Any]]) -> dict[Any, list[Any]]:
+    """Key -> values, standing for a kopf index filled by the operator's index handlers."""
+    index: dict[Any, list[Any]] = {}
+    for filed in entries:
+        for key, value in filed.items():
+            index.setdefault(key, []).append(value)
+    return index
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(node_events, pod_events), min_size=8, max_size=80), st.lists(queries, min_size=1, max_size=4),
+       st.lists(st.tuples(st.sampled_from(JOBS), st.sampled_from(OWNERS), st.sampled_from(NODES),
+                          st.sampled_from(["new", *(f"p{i}" for i in range(8))])), max_size=4),
+       st.integers(0, 3))
+def test_a_jobs_scoped_look_equals_the_full_snapshot(events: list[tuple[Any, ...]], asks: list[tuple[Any, ...]],
+                                                     created: list[tuple[Any, ...]], ghost_count: int) -> None:
+    """A job's pass reads its own pods and looks nodes up by name (WatchLook); what it decides on
+    (the job's pods, a namesake in the way, node readiness, the inventory, the ledger's unseen
+    pods) is the same as from every node and pod of the index."""
+    nodes, pods, fleet = replay(events)
+    for (_, name), slim in pods.items():  # attempt and index labels: pods the reconciler reads
+        uid = str(slim["metadata"]["uid"])
+        slim["metadata"]["labels"].update({ATTEMPT_LABEL: uid[-1], INDEX_LABEL: name[1:]})
+    ghosts = frozenset(sorted(str(p["metadata"]["uid"]) for p in pods.values())[:ghost_count])
+    ledgers = Ledger(), Ledger()
+    for i, ((namespace, job), owner, node, name) in enumerate(created):  # created, maybe watched already
+        there = pods.get((namespace, name))
+        if there is not None and there["metadata"]["labels"].get(JOB_LABEL) != job:
+            continue  # the API server refuses to create it (409), and the ledger forgets it
+        for ledger in ledgers:
+            ledger.record((namespace, job), pod_body(namespace, f"new{i}" if name == "new" else name, "", job,
+                                                     owner, None, node, "Pending", False, 8))
+    op = Operator(settings=Settings(), kube=None, fleet=fleet, ledger=ledgers[1],  # type: ignore[arg-type]
+                  ghosts=Ghosts(uids=set(ghosts)))
+    full = Snapshot.take(nodes.values(), Ghosts(uids=set(ghosts)).drop(pods.values()), ledgers[0])
+    node_index = as_index([node_entries(n) for n in nodes.values()])
+    pod_index = as_index([pod_entries(p) for p in pods.values()])
+    for job, uid, tolerate, selector, avoid in asks:
+        scoped = WatchLook(op, job, pod_index, node_index).take()()  # type: ignore[arg-type]
+        assert scoped.nodes == [] and len(scoped.pods) < len(full.pods) + 1
+        assert scoped.job_pods(job, uid) == full.job_pods(job, uid)
+        for attempt in range(3):
+            assert scoped.foreign_problem(job, uid or "", attempt) == full.foreign_problem(job, uid or "", attempt)
+        views, want_views = scoped.node_views(), full.node_views()
+        assert sorted(views) == sorted(want_views)
+        for name in [*NODES, "absent"]:
+            assert (name in views) == (name in want_views)
+            assert views.get(name) == want_views.get(name)
+        tolerations = [{"key": "gpu", "operator": "Exists"}] if tolerate else []
+        assert (scoped.inventory(job, LEVELS, tolerations, selector, avoid, uid)
+                == full.inventory(job, LEVELS, tolerations, selector, avoid, uid))
+        assert sorted(str(p["metadata"]["name"]) for p in scoped.unseen) == sorted(
+            str(p["metadata"]["name"]) for p in full.unseen)

@@ -4,6 +4,7 @@ freed GPUs and node changes only the jobs they can affect."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from topotrain.api import TrainingJobSpec
@@ -122,7 +123,7 @@ def test_a_resync_that_finds_a_ghost_wakes_its_job_and_the_jobs_waiting_for_capa
 def test_only_a_decision_that_claims_gpus_needs_the_plan_lock() -> None:
     """JobLoop._decide says whether the decision planned or launches pods: only then is it made
     again under the process-wide lock; a Running job's pass never waits for another's plan."""
-    from topotrain.handlers_jobs import JobLoop, WouldPlan
+    from topotrain.handlers_jobs import JobLoop, WatchLook, WouldPlan
 
     from tests.unit.test_ownership import SPEC as GANG
     from tests.unit.test_ownership import job_pod, node
@@ -132,15 +133,19 @@ def test_only_a_decision_that_claims_gpus_needs_the_plan_lock() -> None:
             "spec": GANG.model_dump(by_alias=True, exclude_none=True)}  # fmt: skip
     loop = JobLoop(op, ("team", "llm"), body)  # type: ignore[arg-type]
     nodes = [node("n0"), node("n1"), node("n2")]
-    new, _, claims = loop._decide(GANG, TrainingJobStatus(), nodes, [], None, None, None)
+
+    def look(pods: list[dict[str, Any]]) -> Any:  # kopf's indexes at the unit-test boundary
+        return WatchLook(op, ("team", "llm"), {"all": pods}, {"all": nodes}).take()  # type: ignore[arg-type]
+
+    new, _, claims = loop._decide(GANG, TrainingJobStatus(), look([]), None, None, None)
     assert new.launch is not None and claims, "a new job plans and creates its gang"
     pods = [job_pod("uid-1", 0, i, node_name) for i, node_name in sorted(new.launch.assignments.items())]
-    running, used, claims = loop._decide(GANG, new.status, nodes, pods, None, None, None)
+    running, used, claims = loop._decide(GANG, new.status, look(pods), None, None, None)
     assert running.launch is None and not claims and running.status.phase == "Running"
     assert used == frozenset(new.launch.assignments.values())
     # The first look of a pass, without the lock, stops where it would plan (it is redone under
     # the lock); a Running job's pass decides without planning all the same.
     with pytest.raises(WouldPlan):
-        loop._decide(GANG, TrainingJobStatus(), nodes, [], None, None, None, probe=True)
-    probed, _, claims = loop._decide(GANG, new.status, nodes, pods, None, None, None, probe=True)
+        loop._decide(GANG, TrainingJobStatus(), look([]), None, None, None, probe=True)
+    probed, _, claims = loop._decide(GANG, new.status, look(pods), None, None, None, probe=True)
     assert probed.launch is None and probed.status.phase == "Running" and not claims

@@ -1,0 +1,67 @@
+"""How the Actuator starts a gang's pods: all created gated, then released together; a single
+pod (a one-pod gang, an in-place restart's replacement) created ungated in one call, except
+under Kueue, whose own gates the release removes too."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from topotrain.api import TrainingJobSpec
+from topotrain.handlers_act import Actuator
+from topotrain.manifests import GANG_GATE
+from topotrain.reconcile import Decision, Launch
+from topotrain.settings import Settings
+from topotrain.snapshot import Ledger
+from topotrain.status import TrainingJobStatus
+
+
+class RecordingKube:
+    """The unit-test boundary: records the pod calls, the API server accepts everything."""
+
+    def __init__(self) -> None:
+        self.created: list[dict[str, Any]] = []
+        self.released: list[str] = []
+
+    def apply(self, manifest: dict[str, Any]) -> None:
+        pass
+
+    def create_pods(self, manifests: list[dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
+        self.created += manifests
+        return [m["metadata"]["name"] for m in manifests], {}
+
+    def release_pods(self, namespace: str, names: list[str]) -> list[str]:
+        self.released += names
+        return []
+
+
+def spec(data: int) -> TrainingJobSpec:
+    return TrainingJobSpec.model_validate({
+        "image": "trainer:1", "parallelism": {"tensor": 8, "pipeline": 1, "data": data},
+        "worker": {"gpusPerPod": 8},
+    })
+
+
+@pytest.mark.parametrize(("pods", "only", "release", "queued", "gated", "released"), [
+    (1, (), True, False, False, []),  # a one-pod gang: one call
+    (2, (), True, False, True, ["llm-0-0", "llm-0-1"]),  # a gang: gated, then released together
+    (2, (1,), True, False, False, []),  # one replacement pod
+    (1, (), True, True, True, ["llm-0-0"]),  # under Kueue: released (Kueue's gates too)
+    (1, (), False, False, True, []),  # older pods still hold the node: a later pass releases it
+])
+def test_pods_are_gated_unless_one_pod_starts_alone(pods: int, only: tuple[int, ...], release: bool,
+                                                   queued: bool, gated: bool, released: list[str]) -> None:
+    kube = RecordingKube()
+    ledger = Ledger()
+    actuator = Actuator(kube=kube, settings=Settings(), ledger=ledger)  # type: ignore[arg-type]
+    actuator.queued = queued
+    launch = Launch(attempt=0, data=pods, pool="H100-80GB", assignments={i: f"n{i}" for i in range(pods)},
+                    resume_step=None, mode="initial", only=only, release=release)
+    body = {"metadata": {"name": "llm", "namespace": "team", "uid": "u"}}
+    assert actuator.apply(("team", "llm"), body, spec(pods), Decision(status=TrainingJobStatus(), launch=launch)) == {}
+    assert len(kube.created) == len(only or range(pods))
+    for manifest in kube.created:
+        assert (manifest["spec"].get("schedulingGates") == [{"name": GANG_GATE}]) is gated
+    assert kube.released == released
+    # the ledger holds the pods as created: a gated entry would be "released" again by a pass
+    assert all(bool(slim["spec"]["schedulingGates"]) is gated for _, slim in ledger.unseen(lambda *_: False))
