@@ -31,6 +31,11 @@ from topotrain.status import Reason
 
 log = logging.getLogger("topotrain.kube")
 WORKERS = 16  # parallel pod creates/deletes: a 512-pod gang in well under a second
+PASS_THREADS = 16  # the event loop's worker threads (main.py): the passes' blocking calls
+# Connections kept alive to the API server: one for each thread that may call at once. (The
+# client's default, 5 per CPU, is 10 on two cores: a gang's 16 parallel creates beside the passes'
+# calls found the pool full, and each call past it paid a TLS handshake on a busy API server.)
+CONNECTIONS = WORKERS + PASS_THREADS
 
 
 class SecretProblem(Exception):
@@ -109,11 +114,18 @@ class TimedApiClient(client.ApiClient):
                                 _request_timeout if _request_timeout is not None else REQUEST_TIMEOUT)
 
 
+def api_client() -> TimedApiClient:
+    """The operator's client, on the loaded configuration, with CONNECTIONS kept alive."""
+    configuration = client.Configuration.get_default_copy()
+    configuration.connection_pool_maxsize = CONNECTIONS
+    return TimedApiClient(configuration)
+
+
 class Kube:
     """Typed calls for the handful of API operations the operator makes."""
 
     def __init__(self, api: client.ApiClient | None = None) -> None:
-        self.api = api or TimedApiClient()
+        self.api = api or api_client()
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
         self.networking = client.NetworkingV1Api(self.api)

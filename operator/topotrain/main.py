@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import logging
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
@@ -19,7 +20,7 @@ from topotrain import GROUP, KIND, PLURAL, VERSION, kopf_readiness
 from topotrain.fleet import Fleet
 from topotrain.handlers_jobs import JobLoop, Operator, node_entries, pod_entries
 from topotrain.health import HealthServer, LoopHealth
-from topotrain.kube import Kube, load_config
+from topotrain.kube import PASS_THREADS, Kube, load_config
 from topotrain.kueue import KUEUE_GROUP, KUEUE_VERSION
 from topotrain.metrics import METRICS
 from topotrain.ownership import controller_owner
@@ -182,6 +183,11 @@ def _run(args: argparse.Namespace) -> int:
                             f"TOPOTRAIN_HEALTH_PORT): {err.strerror or err}") from None
 
     async def operate() -> None:
+        # asyncio.to_thread's pool, where every job's pass makes its blocking API and S3 calls
+        # (the default is the CPU count + 4: 6 threads on two cores, queueing a new job's first
+        # read behind a large gang's pod calls and the other jobs' passes)
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(PASS_THREADS, thread_name_prefix="topotrain-pass"))
         heartbeat = asyncio.create_task(health.run(), name="topotrain-heartbeat")
         try:
             await kopf.operator(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import http.server
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import urllib3
@@ -28,3 +30,47 @@ def test_an_api_server_that_never_answers_times_out(monkeypatch: pytest.MonkeyPa
         api.core.read_namespaced_config_map("x-ranks", "ns")
     assert time.monotonic() - started < 20, "the call waited far beyond its timeout"
     server.close()
+
+
+def test_parallel_calls_keep_their_connections_alive() -> None:
+    """A gang's parallel pod calls beside the passes' calls (WORKERS + PASS_THREADS at once) reuse
+    their connections on the next burst: none is dropped for a full pool and made again (on two
+    cores the client's default pool held 10, and each call past it paid a TLS handshake)."""
+    at_once = kube.WORKERS + kube.PASS_THREADS
+    barrier = threading.Barrier(at_once, timeout=20)
+    connections: list[int] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as the API server
+
+        def setup(self) -> None:
+            super().setup()
+            connections.append(1)
+
+        def do_GET(self) -> None:
+            barrier.wait()  # every call of the burst is in flight at once
+            body = b'{"kind": "ConfigMap", "apiVersion": "v1", "metadata": {"name": "x-ranks"}}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    default = client.Configuration.get_default_copy()
+    config = client.Configuration()
+    config.host = f"http://127.0.0.1:{server.server_address[1]}"
+    client.Configuration.set_default(config)
+    try:
+        api = kube.Kube()
+    finally:
+        client.Configuration.set_default(default)
+    with ThreadPoolExecutor(at_once) as pool:
+        for _ in range(2):
+            list(pool.map(lambda _: api.core.read_namespaced_config_map("x-ranks", "ns"), range(at_once)))
+    server.shutdown()
+    assert len(connections) == at_once, f"{len(connections) - at_once} connections made again"
