@@ -12,6 +12,7 @@ is refused, and neither is deleted.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,6 +36,7 @@ from topotrain.settings import Settings
 from topotrain.snapshot import JobKey, Ledger
 
 log = logging.getLogger("topotrain.act")
+RELEASED_MEMORY = 60.0  # seconds a released pod is not released again (a repeat would be a 422)
 
 
 class Actuator:
@@ -53,6 +55,7 @@ class Actuator:
         self.tas_hosts: frozenset[str] = frozenset()
         # the job runs under Kueue (its pods may carry Kueue's own gates: every pod is released)
         self.queued = False
+        self._released: dict[str, float] = {}  # pod name -> when this process released it
 
     def apply(
         self, key: JobKey, body: Mapping[str, Any], spec: TrainingJobSpec, decision: Decision,
@@ -83,8 +86,21 @@ class Actuator:
                 self.problem = exc.problem
                 return {}
         if decision.release and not refused:
-            self.gone += self.kube.release_pods(namespace, decision.release)
+            self.gone += self._release(namespace, decision.release)
         return refused
+
+    def _release(self, namespace: str, names: list[str]) -> list[str]:
+        """Release the gate of `names`, except those this process released in the last
+        RELEASED_MEMORY seconds: the next pass often sees them still gated (the watch has not
+        brought the change yet), and a burst of new jobs made each gang's release twice."""
+        now = time.monotonic()
+        self._released = {n: t for n, t in self._released.items() if now - t < RELEASED_MEMORY}
+        todo = [n for n in names if n not in self._released]
+        if not todo:
+            return []
+        gone = self.kube.release_pods(namespace, todo)
+        self._released.update(dict.fromkeys(todo, now))
+        return gone
 
     def reserve(self, key: JobKey, body: Mapping[str, Any], spec: TrainingJobSpec,
                 decision: Decision) -> None:
@@ -149,7 +165,7 @@ class Actuator:
                 self.ledger.forget(job.namespace, name)
             return refused
         if launch.release and _gated(manifests):
-            self.kube.release_pods(job.namespace, every)
+            self._release(job.namespace, every)
         return {}
 
 

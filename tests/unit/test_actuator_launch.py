@@ -65,3 +65,24 @@ def test_pods_are_gated_unless_one_pod_starts_alone(pods: int, only: tuple[int, 
     assert kube.released == released
     # the ledger holds the pods as created: a gated entry would be "released" again by a pass
     assert all(bool(slim["spec"]["schedulingGates"]) is gated for _, slim in ledger.unseen(lambda *_: False))
+
+
+def test_a_released_gang_is_not_released_again_while_the_watch_catches_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pass after a launch often still sees the pods gated (their change is not in the watch
+    yet) and decides to release them: the Actuator skips what it released moments ago (in a
+    burst of 100 new jobs every gang was released twice), and releases them again later."""
+    from topotrain import handlers_act
+
+    kube = RecordingKube()
+    actuator = Actuator(kube=kube, settings=Settings(), ledger=Ledger())  # type: ignore[arg-type]
+    launch = Launch(attempt=0, data=2, pool="H100-80GB", assignments={0: "n0", 1: "n1"},
+                    resume_step=None, mode="initial")
+    body = {"metadata": {"name": "llm", "namespace": "team", "uid": "u"}}
+    actuator.apply(("team", "llm"), body, spec(2), Decision(status=TrainingJobStatus(), launch=launch))
+    assert kube.released == ["llm-0-0", "llm-0-1"]
+    again = Decision(status=TrainingJobStatus(), release=["llm-0-0", "llm-0-1"])
+    actuator.apply(("team", "llm"), body, spec(2), again)
+    assert kube.released == ["llm-0-0", "llm-0-1"], "released twice"
+    monkeypatch.setattr(handlers_act, "RELEASED_MEMORY", 0.0)  # long after: still gated, so released
+    actuator.apply(("team", "llm"), body, spec(2), again)
+    assert kube.released == ["llm-0-0", "llm-0-1"] * 2
