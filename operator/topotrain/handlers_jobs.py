@@ -16,6 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -76,6 +77,9 @@ class Operator:
     ghosts: Ghosts = field(default_factory=Ghosts)
     fleet: Fleet | None = None  # free GPUs kept from the watch (main.py feeds it); None: recounted
     plan_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # The thread that decides under plan_lock (only the lock's holder uses it, so it is free)
+    planner: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="topotrain-plan"))
     wakers: dict[JobKey, asyncio.Event] = field(default_factory=dict)
     # The status each job's loop last wrote, with the uid of the object it wrote it to: a job
     # deleted and re-created under its name is another object, whose loop starts before the old
@@ -287,14 +291,13 @@ class JobLoop:
             claims = True
         for fresh_read in (False, True) if claims or decision is None or decision.relabel is not None else ():
             async with self.op.plan_lock:
-                locked, nodes_used, _ = await asyncio.to_thread(
-                    self._decide, spec, status, look.take(), ckpt, table, problem)
-                decision = locked
-                stale = (spec.checkpoint is not None and not fresh_read
-                         and (locked.launch is not None or locked.relabel is not None)
-                         and not self.observer.fresh(self.key))
+                # In the planner's own thread, in one hop: the lock is never held while the
+                # decision waits for a worker thread behind other jobs' API calls (a burst of new
+                # jobs queued each launch decision behind the others' pod creates).
+                decision, nodes_used, stale = await asyncio.get_running_loop().run_in_executor(
+                    self.op.planner, self._decide_locked, spec, status, look.take(), ckpt, table,
+                    problem, fresh_read)
                 if not stale:
-                    await asyncio.to_thread(self.actuator.reserve, self.key, self.body, spec, locked)
                     break
             # A restart resumes from the newest commit: read the store again before deciding it.
             _, ckpt = await asyncio.to_thread(self.observer.checkpoint, self.key, spec, status, True)
@@ -361,6 +364,21 @@ class JobLoop:
             used |= set(decision.launch.assignments.values())
         planned = any(isinstance(p, LazyPlanner) and p.used for p in (obs.planner, obs.unavoiding_planner))
         return decision, frozenset(used - {""}), planned or decision.launch is not None
+
+    def _decide_locked(self, spec: TrainingJobSpec, status: TrainingJobStatus,
+                       take: Callable[[], Snapshot], ckpt: CheckpointView | None,
+                       table: rec.RankTable | None, problem: tuple[str, str] | None,
+                       fresh_read: bool) -> tuple[rec.Decision, frozenset[str], bool]:
+        """Under the plan lock: decide and, unless the checkpoint view is stale for a launch or
+        an in-place restart (then the store is read again first), record the launch's pods in
+        the ledger. Returns (decision, nodes used, stale)."""
+        decision, nodes_used, _ = self._decide(spec, status, take, ckpt, table, problem)
+        stale = (spec.checkpoint is not None and not fresh_read
+                 and (decision.launch is not None or decision.relabel is not None)
+                 and not self.observer.fresh(self.key))
+        if not stale:
+            self.actuator.reserve(self.key, self.body, spec, decision)
+        return decision, nodes_used, stale
 
     def _observed(self, spec: TrainingJobSpec, status: TrainingJobStatus, snapshot: Snapshot,
                   ckpt: CheckpointView | None, table: rec.RankTable | None,

@@ -149,3 +149,31 @@ def test_only_a_decision_that_claims_gpus_needs_the_plan_lock() -> None:
         loop._decide(GANG, TrainingJobStatus(), look([]), None, None, None, probe=True)
     probed, _, claims = loop._decide(GANG, new.status, look(pods), None, None, None, probe=True)
     assert probed.launch is None and probed.status.phase == "Running" and not claims
+
+
+
+def test_a_locked_decision_reserves_its_launch_unless_the_store_is_stale() -> None:
+    """Under the plan lock, one hop to the planner's own thread decides and records the launch's
+    pods in the ledger; a launch of a job with a checkpoint store whose view is not fresh reserves
+    nothing (the store is read again and the decision retaken)."""
+    from topotrain.handlers_jobs import JobLoop, WatchLook
+
+    from tests.unit.test_ownership import SPEC as GANG
+    from tests.unit.test_ownership import node
+
+    op = Operator(settings=Settings(), kube=None)  # type: ignore[arg-type]
+    nodes = [node("n0"), node("n1"), node("n2")]
+    checkpointed = TrainingJobSpec.model_validate(
+        {**GANG.model_dump(by_alias=True, exclude_none=True), "checkpoint": {"uri": "s3://ckpt/runs"}})
+    for spec, stale in ((GANG, False), (checkpointed, True)):
+        body = {"metadata": {"name": "llm", "namespace": "team", "uid": "uid-1", "generation": 1},
+                "spec": spec.model_dump(by_alias=True, exclude_none=True)}  # fmt: skip
+        loop = JobLoop(op, ("team", "llm"), body)  # type: ignore[arg-type]
+        take = WatchLook(op, ("team", "llm"), {"all": []}, {"all": nodes}).take()  # type: ignore[arg-type]
+        decision, used, was_stale = op.planner.submit(
+            loop._decide_locked, spec, TrainingJobStatus(), take, None, None, None, False).result(timeout=30)
+        assert decision.launch is not None and used == frozenset(decision.launch.assignments.values())
+        assert was_stale is stale
+        pods = {f"llm-0-{i}" for i in decision.launch.assignments}
+        assert {name for _, name in op.ledger.entries} == (set() if stale else pods)
+        op.ledger.entries.clear()
