@@ -54,8 +54,11 @@ def test_quota_refusal_is_in_status_holds_nothing_and_clears_when_quota_grows(cl
     wait_for("no pod left holding quota", lambda: not _live(cluster, "llm") or None)
     _quota(cluster, 64)
     wait_for("gang Running once quota allows", lambda: cluster.running_gang("llm", 0, 4), 60)
-    created = cluster.condition("llm", "PodsCreated")
-    assert created is not None and created["status"] == "True"
+    # The condition is written after the pass's pod calls return, and its pods may be Running
+    # before that: a fresh-clone CI read it still False with the whole gang Running.
+    created = wait_for("PodsCreated=True once the gang exists", lambda: (
+        c := cluster.condition("llm", "PodsCreated")) and c["status"] == "True" and c)
+    assert created["reason"] != "QuotaExceeded", created
 
 
 def test_invalid_pod_is_refused_with_the_api_servers_words(cluster: Cluster) -> None:
