@@ -20,7 +20,7 @@ and the scheduler bound it. Measured per fleet:
   that first showed `status.phase: Running`; the big gang's alone as well;
 - admissions per minute: jobs reaching Running over first apply -> last Running;
 - reconcile pass p50/p99: `topotrain_reconcile_seconds` from the operator's
-  metrics endpoint, interpolated within its buckets (5 ms ... 5 s);
+  metrics endpoint, interpolated within its buckets (5 ms ... 60 s);
 - operator CPU seconds over the run and peak RSS (VmHWM), from /proc;
 - API requests per job: the operator reaches the API server through a counting
   proxy (bench/scale_probes.py), since `apiserver_request_total` cannot tell

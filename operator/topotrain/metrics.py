@@ -22,7 +22,7 @@ from topotrain.status import PHASES
 
 RECOVERY_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 30, 60, 120, 300, 600)
 FIRST_STEP_BUCKETS = (1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1200, 1800)
-RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
 class Metrics:
