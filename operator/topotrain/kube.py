@@ -67,11 +67,17 @@ def status_patch(old: Mapping[str, Any], new: Mapping[str, Any], uid: str | None
 
     The first op tests `metadata.uid`, so a patch meant for a deleted job never lands on a
     namesake re-created meanwhile (a merge patch of the status subresource ignores a
-    metadata.uid that differs: measured on the testbed). Each top-level status field that
+    metadata.uid that differs: measured on the testbed). The next op tests the phase the
+    writer started from (`old`'s), so a writer whose view is stale cannot move the job back
+    (a second operator replica acting while the leader's peering keep-alive was held up by an
+    API server restart rewrote a job the leader had just marked Succeeded as Recovering,
+    and the job was stranded: the chaos soak, 2026-12-04). Each top-level status field that
     changed is set whole; a removed one is set to null, which the API server prunes (no CRD
     field is nullable). With no status yet, the whole status is set.
     """
     ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": uid}] if uid else []
+    if old.get("phase") is not None:
+        ops.append({"op": "test", "path": "/status/phase", "value": old["phase"]})
     if not old:
         return [*ops, {"op": "add", "path": "/status", "value": dict(new)}]
     changed = merge_patch(old, new)
@@ -147,7 +153,8 @@ class Kube:
     def patch_status(self, namespace: str, name: str, old: Mapping[str, Any],
                      new: Mapping[str, Any], uid: str | None = None) -> None:
         """Write status `new` over `old` (what the object holds), on the object `uid` only: a
-        namesake re-created meanwhile fails the patch's test (422) and is left untouched."""
+        namesake re-created meanwhile, or a phase other than `old`'s (another writer moved the
+        job), fails the patch's test (422) and is left untouched."""
         self.custom.patch_namespaced_custom_object_status(
             GROUP, VERSION, namespace, PLURAL, name, status_patch(old, new, uid),
             field_manager=FIELD_OWNER, _content_type="application/json-patch+json",

@@ -234,3 +234,23 @@ def test_a_status_write_meant_for_a_deleted_job_never_lands_on_its_namesake(clus
     current = cluster.status("twin")
     operator.patch_status(cluster.namespace, "twin", current, {**current, "reason": "Ours"}, new_uid)
     assert cluster.status("twin")["reason"] == "Ours" and new_status["phase"]
+
+
+def test_a_status_write_from_a_stale_view_of_the_phase_is_refused(cluster: Cluster) -> None:
+    """Two replicas can act at once for a few seconds (the leader's peering keep-alive held up
+    by an API server restart): the one whose view is stale must not move the job back. Each
+    write tests the phase it started from; the real API server refuses the stale one."""
+    from topotrain.kube import Kube as OperatorKube
+
+    cluster.apply(cluster.manifest("held", pipeline=1, data=1, suspend=True))  # nothing to place
+    current = wait_for("the operator's status", lambda: cluster.status("held").get("phase") and cluster.status("held"))
+    job_uid = uid(cluster, "held")
+    stale = {**current, "phase": "Running" if current["phase"] != "Running" else "Pending"}
+    operator = OperatorKube(cluster.kube.api)
+    with pytest.raises(ApiException) as refused:
+        operator.patch_status(cluster.namespace, "held", stale,
+                              {**stale, "phase": "Recovering", "reason": "StaleReplica"}, job_uid)
+    assert refused.value.status == 422
+    after = cluster.status("held")
+    assert after["phase"] == current["phase"] and after.get("reason") != "StaleReplica"
+

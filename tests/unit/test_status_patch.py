@@ -33,10 +33,20 @@ UID = "7c1d8c2e-0000-4000-8000-000000000001"
 def test_each_changed_top_level_field_is_set_whole_after_the_uid_test(
     old: dict[str, object], new: dict[str, object], ops: list[dict[str, object]]
 ) -> None:
-    assert status_patch(old, new, UID) == [{"op": "test", "path": "/metadata/uid", "value": UID}, *ops]
-    assert status_patch(old, new, None) == ops  # no uid known: no test
+    phase = [{"op": "test", "path": "/status/phase", "value": old["phase"]}] if "phase" in old else []
+    assert status_patch(old, new, UID) == [{"op": "test", "path": "/metadata/uid", "value": UID}, *phase, *ops]
+    assert status_patch(old, new, None) == [*phase, *ops]  # no uid known: no uid test
+
+
+def test_the_write_tests_the_phase_it_started_from() -> None:
+    """A writer whose view of the job is stale (another replica acting meanwhile) is refused
+    instead of moving a Succeeded job back to Recovering."""
+    ops = status_patch({"phase": "Running", "attempt": 5}, {"phase": "Recovering", "attempt": 6}, UID)
+    assert ops[:2] == [{"op": "test", "path": "/metadata/uid", "value": UID},
+                       {"op": "test", "path": "/status/phase", "value": "Running"}]
+    assert {"op": "add", "path": "/status/phase", "value": "Recovering"} in ops
 
 
 def test_field_names_are_escaped_as_json_pointers() -> None:
-    (_, op) = status_patch({"a": 1}, {"a": 1, "x/y~z": 2}, UID)
+    (_, op) = status_patch({"a": 1}, {"a": 1, "x/y~z": 2}, UID)  # no phase: no phase test
     assert op["path"] == "/status/x~1y~0z"
