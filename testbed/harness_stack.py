@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import urllib3
 import yaml
 from kubernetes.client.exceptions import ApiException
+from topotrain.contract import HOLD_RELEASE
 
 from testbed.binaries import REPO_ROOT, bin_dir, code_path
 from testbed.harness import PodProcessHarness
@@ -377,6 +378,12 @@ class Stack:
             f"spec: {{minAvailable: {min_available}, selector: {{matchLabels: {{topotrain.io/job: {job}}}}}}}\n"
         )
         self.kubectl("-n", self.namespace, "apply", "-f", str(budget))
+
+    def release_hold(self, job: str) -> None:
+        """Let a gang held by `training.holdAtStep` (a test aid) go on: annotates the job's pods
+        that exist now (the harness rewrites their control files at once, as a kubelet does)."""
+        self.kubectl("-n", self.namespace, "annotate", "pods", "-l", f"topotrain.io/job={job}",
+                     f"{HOLD_RELEASE}=released", "--overwrite")  # fmt: skip
 
     def pods(self, job: str) -> list[dict[str, Any]]:
         raw = _retrying(lambda: self.core.list_namespaced_pod(

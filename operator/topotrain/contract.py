@@ -41,6 +41,9 @@ CONTROL_DIR_ENV = "TOPOTRAIN_CONTROL_DIR"  # overrides CONTROL_DIR (tests, local
 CONTROL_FILE = "annotations"
 # Any new value asks every rank for a checkpoint at the next step boundary (training goes on).
 CHECKPOINT_REQUEST = "topotrain.io/checkpoint-request"
+# A test aid (the bundled trainer's training.holdAtStep, docs/trainer.md): any value releases
+# a trainer held at that step. Tests annotate the pods; the operator never sets it.
+HOLD_RELEASE = "topotrain.io/hold-release"
 
 # In-place restart: the attempt a running pod must train now (the supervisor restarts its ranks
 # when it goes up), with that attempt's resume step and rank-0 address. The operator sets them.

@@ -21,16 +21,28 @@ TRAINING: dict[str, Any] = {
     "model": "tiny", "steps": STEPS, "globalBatch": 8, "microBatch": 2,
     "progressEvery": 1, "metricsPort": 0,
 }  # fmt: skip
+# A fault or a resize needs a job that is still training when it lands. No test sizes a job's
+# length to win that race: the job holds (training.holdAtStep, a test aid, docs/trainer.md) at
+# HOLD, a committed checkpoint (INTERVAL) and two steps behind it, in its first `attempts`
+# attempts, until the test's fault or resize stops it or the test releases it
+# (Stack.release_hold); the attempts after that train to the end.
+HOLD = INTERVAL + 2
 
 
-def spec_3d(**failure_policy: Any) -> dict[str, Any]:
-    """tp=2, pp=2, dp=2 on 2-GPU pods: 4 pods of 2 ranks, 8 ranks in all."""
+def holding(training: dict[str, Any], *, at: int = HOLD, attempts: int = 1) -> dict[str, Any]:
+    """`training` with the hold of the first `attempts` attempts at step `at`."""
+    return {**training, "holdAtStep": at, "holdAttempts": attempts}
+
+
+def spec_3d(*, hold: bool = False, **failure_policy: Any) -> dict[str, Any]:
+    """tp=2, pp=2, dp=2 on 2-GPU pods: 4 pods of 2 ranks, 8 ranks in all; `hold`: the first
+    attempt holds at HOLD."""
     return {
         "parallelism": {"tensor": 2, "pipeline": 2, "data": 2},
         "worker": {"gpusPerPod": 2, "gpuTypes": ["H100-80GB"]},
         "checkpoint": {"intervalSteps": INTERVAL, "keep": 3},
         "failurePolicy": {"backoffSeconds": 0, "maxRestarts": 5, **failure_policy},
-        "training": TRAINING,
+        "training": holding(TRAINING) if hold else TRAINING,
     }
 
 
@@ -49,6 +61,12 @@ def attempts(stack: Stack, job: str) -> dict[int, list[dict[str, Any]]]:
 
 def of_kind(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [e for e in events if e.get("event") == kind]
+
+
+def held(stack: Stack, job: str, attempt: int = 0) -> bool:
+    """Attempt `attempt` holds (training.holdAtStep) with a committed checkpoint behind it."""
+    events = attempts(stack, job).get(attempt, [])
+    return bool(of_kind(events, "held")) and bool(of_kind(events, "checkpoint_committed"))
 
 
 def last_step(events: list[dict[str, Any]]) -> int:

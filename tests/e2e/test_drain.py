@@ -30,11 +30,12 @@ from testbed.harness_stack import S3Target, Stack, stack_in_new_namespace, step_
 from testbed.kube import Kube
 from testbed.procs import wait_until
 from tests.e2e.jobs import (
-    INTERVAL,
     JOB_TIMEOUT,
     LOSS_ATOL,
     TRAINING,
     attempts,
+    held,
+    holding,
     last_step,
     of_kind,
     phase_is,
@@ -42,9 +43,9 @@ from tests.e2e.jobs import (
 )
 from tests.trainer.reference import reference_run
 
-# Longer than the shared 12-step run, so that the drain lands mid-training on a quiet machine
-# too (the eviction reaches the ranks a second or two after `kubectl drain` starts).
-STEPS = 40
+# The shared 12-step run; its first attempt holds at HOLD until the drain stops it, so the drain
+# lands mid-training however fast the machine.
+STEPS = 12
 
 
 @pytest.fixture(autouse=True)
@@ -73,13 +74,10 @@ def stack_evicted_first(kube: Kube, s3_target: S3Target, tmp_path: Path) -> Iter
 
 def _training(stack: Stack, name: str) -> tuple[dict[str, Any], list[str], int]:
     """A 3D job trained past its first commit: its training section, its nodes, its last step."""
-    training = {**TRAINING, "steps": STEPS}
+    training = holding({**TRAINING, "steps": STEPS})
     stack.apply_job(name, {**spec_3d(), "training": training})
-    wait_until(
-        lambda: bool(of_kind(attempts(stack, name).get(0, []), "checkpoint_committed"))
-        and last_step(attempts(stack, name).get(0, [])) >= INTERVAL + 1,
-        timeout=JOB_TIMEOUT, what="a committed checkpoint and a step more",
-    )  # fmt: skip
+    wait_until(lambda: held(stack, name), timeout=JOB_TIMEOUT,
+               what="a committed checkpoint and a step more")  # fmt: skip
     drained = sorted({p["spec"]["nodeName"] for p in stack.pods(name)})
     return training, drained, last_step(attempts(stack, name)[0])
 

@@ -28,6 +28,8 @@ from tests.e2e.jobs import (
     TRAINING,
     assert_losses_match,
     attempts,
+    held,
+    holding,
     last_step,
     of_kind,
     phase_is,
@@ -71,14 +73,12 @@ def test_shrinks_without_spare_capacity_and_grows_back(
         "worker": {"gpusPerPod": 1, "gpuTypes": [product]},
         "checkpoint": {"intervalSteps": INTERVAL, "keep": 3},
         "failurePolicy": {"backoffSeconds": 0, "maxRestarts": 5},
-        "training": TRAINING,
+        # every attempt holds two steps past a commit until the test releases it: capacity is
+        # lost, and returns, while the job certainly still trains
+        "training": holding(TRAINING, attempts=STEPS),
     }
     stack.apply_job("elastic", spec)
-    wait_until(
-        lambda: bool(of_kind(attempts(stack, "elastic").get(0, []), "checkpoint_committed"))
-        and last_step(attempts(stack, "elastic").get(0, [])) >= INTERVAL + 2,
-        timeout=JOB_TIMEOUT, what="a committed checkpoint at data=2",
-    )  # fmt: skip
+    wait_until(lambda: held(stack, "elastic"), timeout=JOB_TIMEOUT, what="a committed checkpoint at data=2")
     lost = next(
         p["spec"]["nodeName"]
         for p in stack.pods("elastic")
@@ -90,14 +90,13 @@ def test_shrinks_without_spare_capacity_and_grows_back(
             "elastic", lambda j: _data(j) == 1, timeout=JOB_TIMEOUT, what="data=1"
         )
         attempt = int(shrunk["status"]["attempt"])
-        # Let the shrunk gang train a step, then pause it so that capacity returns mid-run.
+        # The shrunk gang trains up to the hold: capacity returns mid-run.
         wait_until(
-            lambda: last_step(attempts(stack, "elastic").get(attempt, [])) > 0,
+            lambda: last_step(attempts(stack, "elastic").get(attempt, [])) > 0
+            and bool(of_kind(attempts(stack, "elastic").get(attempt, []), "held")),
             timeout=JOB_TIMEOUT,
             what="a step at data=1",
         )
-        assert stack.harness is not None
-        stack.harness.freeze(stack.namespace, "elastic")
     finally:
         faults.node_ready(kube.kubeconfig, lost)
     grown = stack.wait_job(
@@ -106,6 +105,9 @@ def test_shrinks_without_spare_capacity_and_grows_back(
     )  # fmt: skip
     # The shrink is a restart after a failure; growing back is a resize, not a restart.
     assert grown["status"]["restarts"] >= 1 and int(grown["status"]["attempt"]) >= 2
+    wait_until(lambda: bool(of_kind(attempts(stack, "elastic").get(int(grown["status"]["attempt"]), []), "restored")),
+               timeout=JOB_TIMEOUT, what="the grown gang restored")  # fmt: skip
+    stack.release_hold("elastic")
     job = stack.wait_job("elastic", phase_is("Succeeded"), timeout=JOB_TIMEOUT, what="Succeeded")
 
     by_attempt = attempts(stack, "elastic")

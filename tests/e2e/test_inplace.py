@@ -25,7 +25,8 @@ from tests.e2e.jobs import (
     STEPS,
     TRAINING,
     assert_losses_match,
-    last_step,
+    held,
+    holding,
     of_kind,
     phase_is,
     spec_3d,
@@ -33,15 +34,13 @@ from tests.e2e.jobs import (
 
 
 def crash_pod_one(stack: Stack, name: str, spares: int = 0) -> tuple[dict[str, str], str, dict[str, Any]]:
-    """Once a checkpoint is committed and a step more trained (and, with `spares`, that many pods'
-    supervisors have started their warm spares), SIGKILL the trainer ranks of the pod of index 1
-    and wait for the restart's first step: (pod UIDs before, the victim's name, the job's status
-    then)."""
+    """Once a checkpoint is committed and the first attempt holds two steps later (and, with
+    `spares`, that many pods' supervisors have started their warm spares), SIGKILL the trainer
+    ranks of the pod of index 1 and wait for the restart's first step: (pod UIDs before, the
+    victim's name, the job's status then)."""
     wait_until(
-        lambda: bool(of_kind(stack.events(name), "checkpoint_committed"))
-        and last_step(stack.events(name)) >= INTERVAL + 1
-        and len(of_kind(stack.events(name), "spares_started")) >= spares,
-        timeout=JOB_TIMEOUT, what="a committed checkpoint and a step more",
+        lambda: held(stack, name) and len(of_kind(stack.events(name), "spares_started")) >= spares,
+        timeout=JOB_TIMEOUT, what="a committed checkpoint and two steps more",
     )  # fmt: skip
     before = live_uids(stack, name)
     victim = next(n for n in before if n.endswith("-1"))
@@ -55,7 +54,7 @@ def test_killed_trainer_restarts_in_place_with_the_uninterrupted_losses(
     stack: Stack, reference: dict[str, Any], in_place: bool
 ) -> None:
     name = "crash"
-    stack.apply_job(name, spec_3d(restartInPlace=in_place))
+    stack.apply_job(name, spec_3d(hold=True, restartInPlace=in_place))
     before, victim, status = crash_pod_one(stack, name)
     assert status["lastFailure"]["reason"] == "PodFailed" and status["lastFailure"]["pod"] == victim
     after = live_uids(stack, name)
@@ -82,12 +81,12 @@ def test_a_crash_reported_by_a_supervisor_with_warm_spares_keeps_every_pod(stack
     name = "spares"
     spec = {
         "parallelism": {"tensor": 1, "pipeline": 1, "data": 2},
-        # (spares at once rather than 30 s after the start: the job can end sooner than that)
+        # (spares at once rather than 30 s after the start: the crash waits for them)
         "worker": {"gpusPerPod": 1, "gpuTypes": ["H100-80GB"],
                    "env": [{"name": SPARE_DELAY_ENV, "value": "0"}]},
         "checkpoint": {"intervalSteps": INTERVAL, "keep": 2},
         "failurePolicy": {"backoffSeconds": 0, "maxRestarts": 3},
-        "training": {**TRAINING, "steps": 40, "warmSpares": True},
+        "training": holding({**TRAINING, "warmSpares": True}),
     }
     stack.apply_job(name, spec)
     # Spares start `SPARE_DELAY_ENV` seconds after a group, or at once when a supervisor sees its
@@ -102,25 +101,27 @@ def test_a_crash_reported_by_a_supervisor_with_warm_spares_keeps_every_pod(stack
     restarted = [e for e in of_kind(stack.events(name), "workers_started") if e["attempt"] == status["attempt"]]
     assert len(restarted) == 2 and all(e["warm"] == 1 for e in restarted), restarted
     stack.wait_job(name, phase_is("Succeeded"), timeout=JOB_TIMEOUT, what="Succeeded after the crash")
-    assert sorted(step_losses(stack.events(name))) == list(range(1, 41))
+    assert sorted(step_losses(stack.events(name))) == list(range(1, STEPS + 1))
 
 
 def test_a_hung_trainer_is_restarted_in_place(stack: Stack) -> None:
     name = "hang"
-    # Long enough that the freeze lands mid-training (a 12-step run of two 1-rank pods can finish
-    # before the first checkpoint is seen); the crash test above holds the losses.
+    # The first attempt holds at HOLD so that the freeze lands mid-training; the crash test above
+    # holds the losses.
     spec = {
         "parallelism": {"tensor": 1, "pipeline": 1, "data": 2},
         "worker": {"gpusPerPod": 1, "gpuTypes": ["H100-80GB"]},
         "checkpoint": {"intervalSteps": INTERVAL, "keep": 2},
         "failurePolicy": {"backoffSeconds": 0, "maxRestarts": 3, "progressTimeoutSeconds": 30},
-        "training": {**TRAINING, "steps": 60},
+        "training": holding(TRAINING),
     }
     stack.apply_job(name, spec)
-    wait_until(lambda: last_step(stack.events(name)) >= 2, timeout=JOB_TIMEOUT,
-               what="training under way")  # fmt: skip
+    wait_until(lambda: held(stack, name), timeout=JOB_TIMEOUT, what="training under way")
     before = live_uids(stack, name)
     assert faults.signal_trainer(pod_pid(stack, name, 1), signal.SIGSTOP), "no trainer ranks found"
+    # Released at once: from now on only the stopped ranks keep the gang from training (a gang
+    # with none stopped would go on to Succeed, and the wait below would fail).
+    stack.release_hold(name)
     stalled = stack.wait_job(
         name, lambda j: (j["status"].get("lastFailure") or {}).get("reason") == "ProgressStalled",
         timeout=JOB_TIMEOUT, what="the hang detected",
@@ -128,4 +129,4 @@ def test_a_hung_trainer_is_restarted_in_place(stack: Stack) -> None:
     assert (stalled["status"].get("recovery") or {}).get("mode") == "inPlace", stalled["status"]
     assert live_uids(stack, name) == before, "no pod is deleted or created for a hang"
     stack.wait_job(name, phase_is("Succeeded"), timeout=JOB_TIMEOUT, what="Succeeded after the hang")
-    assert sorted(step_losses(stack.events(name))) == list(range(1, 61))
+    assert sorted(step_losses(stack.events(name))) == list(range(1, STEPS + 1))

@@ -8,8 +8,8 @@ waits for its COMMITTED; the new degree resumes from that step. The job commits
 no periodic checkpoint (intervalSteps beyond the run), so without the request a
 resize would start over from step 0.
 
-The run is longer than the shared 12-step reference so that both resizes land
-mid-training; its losses are held to the single-process reference trainer's
+The job holds at its middle step until both resizes are done (training.holdAtStep);
+its losses are held to the single-process reference trainer's
 (tests/trainer/reference.py) at every step, at every degree.
 """
 
@@ -19,13 +19,22 @@ from topotrain_trainer.config import TrainingConfig
 
 from testbed.harness_stack import Stack, step_losses
 from testbed.procs import wait_until
-from tests.e2e.jobs import JOB_TIMEOUT, LOSS_ATOL, TRAINING, attempts, last_step, of_kind, phase_is
+from tests.e2e.jobs import (
+    JOB_TIMEOUT,
+    LOSS_ATOL,
+    TRAINING,
+    attempts,
+    holding,
+    last_step,
+    of_kind,
+    phase_is,
+)
 from tests.trainer.reference import reference_run
 
-# Long enough that the grow is served and acted on before the shrunk gang could finish: on a
-# quiet machine the tiny model trains about five steps a second at data=1, and 60 steps let it
-# reach the end while the operator waited for the grow's COMMITTED (the job Succeeded at data=1).
-STEPS = 200
+# Every attempt holds at HOLD (training.holdAtStep, a test aid) until the test releases it once
+# both resizes are done, so neither resize can find the job finished, however fast the machine:
+# each lands mid-training or on the held gang.
+STEPS, HOLD = 24, 12
 
 
 def _scale(stack: Stack, name: str, data: int) -> None:
@@ -35,10 +44,15 @@ def _scale(stack: Stack, name: str, data: int) -> None:
 
 def _resize_without_loss(stack: Stack, name: str, attempt: int, data: int) -> int:
     """Scale to `data` while attempt `attempt` trains; returns the attempt that took over."""
-    wait_until(lambda: last_step(attempts(stack, name).get(attempt, [])) >= 1
-               and bool(attempts(stack, name).get(attempt)),
-               timeout=JOB_TIMEOUT, what=f"attempt {attempt} training")  # fmt: skip
-    trained = last_step(attempts(stack, name)[attempt])
+    def trained() -> int:
+        """The last step attempt `attempt` reached (trained, or restored and held at)."""
+        events = attempts(stack, name).get(attempt, [])
+        if not of_kind(events, "step") and not of_kind(events, "held"):
+            return 0
+        return max([last_step(events), *(int(e["step"]) for e in of_kind(events, "restored"))])
+
+    wait_until(lambda: trained() >= 1, timeout=JOB_TIMEOUT, what=f"attempt {attempt} training")
+    reached = trained()
     _scale(stack, name, data)
     job = stack.wait_job(
         name, lambda j: (j["status"].get("parallelism") or {}).get("data") == data
@@ -54,7 +68,7 @@ def _resize_without_loss(stack: Stack, name: str, attempt: int, data: int) -> in
     served = [e for e in of_kind(attempts(stack, name)[attempt], "checkpoint_requested")
               if e.get("request") == request["value"]]
     assert served and int(served[0]["step"]) == request["step"], served
-    assert request["step"] >= trained, f"asked at step {trained}, saved {request['step']}"
+    assert request["step"] >= reached, f"asked at step {reached}, saved {request['step']}"
     wait_until(lambda: bool(of_kind(attempts(stack, name).get(new, []), "restored")),
                timeout=JOB_TIMEOUT, what=f"attempt {new} restored")  # fmt: skip
     restored = of_kind(attempts(stack, name)[new], "restored")[0]
@@ -65,7 +79,7 @@ def _resize_without_loss(stack: Stack, name: str, attempt: int, data: int) -> in
 
 def test_kubectl_scale_down_and_up_loses_no_step(stack: Stack) -> None:
     name = "scale"
-    training = {**TRAINING, "steps": STEPS}
+    training = holding({**TRAINING, "steps": STEPS}, at=HOLD, attempts=STEPS)
     spec = {
         "parallelism": {"tensor": 1, "pipeline": 1, "data": 2, "minData": 1},
         "worker": {"gpusPerPod": 1, "gpuTypes": ["H100-80GB"]},
@@ -76,6 +90,7 @@ def test_kubectl_scale_down_and_up_loses_no_step(stack: Stack) -> None:
     stack.apply_job(name, spec)
     shrunk = _resize_without_loss(stack, name, 0, 1)
     _resize_without_loss(stack, name, shrunk, 2)
+    stack.release_hold(name)
     job = stack.wait_job(name, phase_is("Succeeded"), timeout=JOB_TIMEOUT, what="Succeeded")
     assert job["status"]["restarts"] == 0 and job["status"]["parallelism"]["data"] == 2
 

@@ -29,6 +29,8 @@ from tests.e2e.jobs import (
     TRAINING,
     assert_losses_match,
     attempts,
+    held,
+    holding,
     last_step,
     of_kind,
     phase_is,
@@ -90,13 +92,11 @@ def _all_events(stack: Stack, job: str) -> list[dict[str, Any]]:
 def test_node_failure_restarts_gang_from_last_committed_checkpoint(
     kube: Kube, stack: Stack, reference: dict[str, Any], restore_nodes: list[str]
 ) -> None:
-    stack.apply_job("resume", spec_3d())
-    # Lose a node once a checkpoint is committed and training has moved past it.
-    wait_until(
-        lambda: bool(of_kind(_all_events(stack, "resume"), "checkpoint_committed"))
-        and last_step(_all_events(stack, "resume")) >= INTERVAL + 2,
-        timeout=JOB_TIMEOUT, what="a committed checkpoint and two more steps",
-    )  # fmt: skip
+    stack.apply_job("resume", spec_3d(hold=True))
+    # Lose a node once a checkpoint is committed and training has moved past it (the first
+    # attempt holds there until the node's loss stops it).
+    wait_until(lambda: held(stack, "resume"), timeout=JOB_TIMEOUT,
+               what="a committed checkpoint and two more steps")  # fmt: skip
     victim = _node_of(stack, "resume", 0)
     restore_nodes.append(victim)
     faults.node_not_ready(kube.kubeconfig, victim)
@@ -143,15 +143,15 @@ def test_hang_is_detected_and_restarted(stack: Stack, reference: dict[str, Any])
             "progressTimeoutSeconds": HANG_TIMEOUT,
             "restartInPlace": False,  # freeze() stops whole pods, supervisors too: the recreate path
         },
-        "training": TRAINING,
+        "training": holding(TRAINING),
     }
     stack.apply_job("hang", spec)
-    wait_until(
-        lambda: bool(of_kind(_all_events(stack, "hang"), "checkpoint_committed")),
-        timeout=JOB_TIMEOUT, what="a committed checkpoint",
-    )  # fmt: skip
+    wait_until(lambda: held(stack, "hang"), timeout=JOB_TIMEOUT, what="a committed checkpoint")
     assert stack.harness is not None
     assert stack.harness.freeze(stack.namespace, "hang") == 2  # SIGSTOP; the pods stay Running
+    # Released at once: from now on only the freeze keeps the gang from training (a gang that
+    # were not frozen would go on to Succeed, and the wait below would fail).
+    stack.release_hold("hang")
     stalled = stack.wait_job(
         "hang", lambda j: (j["status"].get("lastFailure") or {}).get("reason") == "ProgressStalled",
         timeout=JOB_TIMEOUT, what="the hang detected",

@@ -25,7 +25,7 @@ from testbed.kueue_queues import Flavor, KueueQueues, pool_flavor, topology_leve
 from testbed.procs import wait_until
 from testbed.topology import GPU_RESOURCE, HOSTNAME_LABEL, parse_topology
 from tests.conftest import TESTBED_TOPOLOGY
-from tests.e2e.jobs import JOB_TIMEOUT, TRAINING, attempts, last_step, of_kind, phase_is
+from tests.e2e.jobs import JOB_TIMEOUT, TRAINING, attempts, holding, last_step, of_kind, phase_is
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 LOW, HIGH = "topotrain-e2e-low", "topotrain-e2e-high"
@@ -54,9 +54,10 @@ def queue(kueue: KueueStack, stack: Stack) -> Iterator[KueueQueues]:
     stack.kubectl("delete", kinds, *names, "--ignore-not-found", "--wait=false", check=False)
 
 
-def _job(steps: int, priority: str | None = None, interval: int = 1000) -> dict[str, Any]:
+def _job(steps: int, priority: str | None = None, interval: int = 1000, hold: int = 0) -> dict[str, Any]:
     """Two one-GPU pods (dp 2); a commit every `interval` steps (beyond the run: only the
-    checkpoint the operator asks for before it stops the gang, or the SIGTERM save)."""
+    checkpoint the operator asks for before it stops the gang, or the SIGTERM save). `hold`:
+    the first attempt holds at that step (training.holdAtStep) until released or stopped."""
     worker: dict[str, Any] = {"gpusPerPod": 1, "gpuTypes": ["H100-80GB"]}
     if priority:
         worker["priorityClassName"] = priority
@@ -65,7 +66,7 @@ def _job(steps: int, priority: str | None = None, interval: int = 1000) -> dict[
         "worker": worker,
         "checkpoint": {"intervalSteps": interval, "keep": 3},
         "failurePolicy": {"backoffSeconds": 0, "maxRestarts": 0},
-        "training": {**TRAINING, "steps": steps},
+        "training": holding({**TRAINING, "steps": steps}, at=hold),
     }
 
 
@@ -84,7 +85,8 @@ def test_a_job_without_quota_waits_naming_the_cluster_queue_then_runs(
     stack: Stack, queue: KueueQueues, kueue: KueueStack,
 ) -> None:
     labels = {QUEUE_LABEL: queue.local_queue}
-    stack.apply_job("first", _job(steps=60), labels)
+    # first holds until second is seen waiting for its quota
+    stack.apply_job("first", _job(steps=12, hold=6), labels)
     stack.wait_job("first", phase_is("Running"), timeout=JOB_TIMEOUT, what="first Running")
     # placed on the nodes Kueue's topology assignment accounted for, and marked as TAS pods so
     # Kueue counts their GPUs once
@@ -106,6 +108,7 @@ def test_a_job_without_quota_waits_naming_the_cluster_queue_then_runs(
     assert queue.cluster_queue in waiting["status"]["message"], waiting["status"]
     workload = _workload(stack, "second")
     assert workload is not None and workload["spec"]["podSets"][0]["count"] == 2
+    stack.release_hold("first")
     first = stack.wait_job("first", phase_is("Succeeded"), timeout=JOB_TIMEOUT, what="first Succeeded")
     assert _condition(first, "Admitted")["status"] == "True"
     wait_until(lambda: _workload(stack, "first") is None, timeout=60,
@@ -119,8 +122,9 @@ def test_a_preempted_job_checkpoints_stops_and_resumes_from_that_checkpoint_when
     stack: Stack, queue: KueueQueues,
 ) -> None:
     labels = {QUEUE_LABEL: queue.local_queue}
-    steps = 300
-    stack.apply_job("low", _job(steps=steps, priority=LOW), labels)
+    steps = 24
+    # low holds at step 12 until the preemption stops it; readmitted, it runs to the end
+    stack.apply_job("low", _job(steps=steps, priority=LOW, hold=12), labels)
     wait_until(lambda: last_step(attempts(stack, "low").get(0, [])) >= 5, timeout=JOB_TIMEOUT,
                what="low training")  # fmt: skip
     stack.apply_job("high", _job(steps=20, priority=HIGH), labels)

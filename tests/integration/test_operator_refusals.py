@@ -79,7 +79,8 @@ def test_unschedulable_pods_say_why_then_their_nodes_are_avoided_until_nothing_e
     cluster.apply(cluster.manifest(
         "llm", pipeline=1,  # 2 pods
         worker={"resources": {"requests": {"cpu": "100000"}}},  # more CPU than any node has
-        # long enough that a loaded machine still polls the Unschedulable message in time
+        # (every attempt's pods are Unschedulable again: the Ready condition says so in each
+        # attempt, so the poll below races no deadline)
         failurePolicy={"schedulingTimeoutSeconds": 20, "nodeFailureThreshold": 1},
     ))
     ready = wait_for("Ready says Unschedulable", lambda: (c := cluster.condition("llm", "Ready"))

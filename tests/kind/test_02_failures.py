@@ -17,6 +17,7 @@ from topotrain.manifests import CONTAINER
 from testbed.kube import Kube
 from tests.kind.conftest import KindEnv, kubectl_json, service_nodes, wait_for
 from tests.kind.jobs import (
+    INTERVAL,
     REFERENCE,
     STEPS,
     KindJob,
@@ -26,6 +27,11 @@ from tests.kind.jobs import (
     of_kind,
     running_job,
 )
+
+# The first attempt holds at HOLD (training.holdAtStep, a test aid), a committed checkpoint and
+# two steps on, until the test's fault stops it: the fault lands while the job trains, however
+# fast the machine. The next attempt trains to the end.
+HOLD = INTERVAL + 2
 
 
 def _committed(job: KindJob) -> int:
@@ -79,7 +85,7 @@ def test_worker_node_paused_gang_restarts_on_healthy_workers(
     their pods' API objects all stay. The gang's ranks on the other workers hang on their frozen
     peers; the operator must not wait on the frozen node's pods (their deletion cannot finish
     while the kubelet is frozen). The node is unpaused afterwards and must come back Ready."""
-    with running_job(kube, kind_env, bucket, tmp_path, "pause") as job:
+    with running_job(kube, kind_env, bucket, tmp_path, "pause", holdAtStep=HOLD) as job:
         wait_for(lambda: _committed(job) >= 4, 600, "a committed checkpoint", every=1)
         lost = _worker_to_lose(kube, kind_env, job)
         committed = _committed(job)
@@ -97,7 +103,7 @@ def test_worker_node_paused_gang_restarts_on_healthy_workers(
 def test_trainer_container_killed_restarts_the_gang_in_place(
     kube: Kube, kind_env: KindEnv, bucket: str, tmp_path: Path
 ) -> None:
-    with running_job(kube, kind_env, bucket, tmp_path, "kill") as job:
+    with running_job(kube, kind_env, bucket, tmp_path, "kill", holdAtStep=HOLD) as job:
         wait_for(lambda: _committed(job) >= 4, 600, "a committed checkpoint", every=1)
         committed = _committed(job)
         gang = job.pods(attempt=0)
@@ -140,7 +146,7 @@ def test_worker_node_stopped_gang_restarts_on_healthy_workers(
 ) -> None:
     # Last of the failure tests: the node stays stopped for the rest of the session (NotReady,
     # so nothing is placed there); the two other workers hold a whole gang.
-    with running_job(kube, kind_env, bucket, tmp_path, "nodeloss") as job:
+    with running_job(kube, kind_env, bucket, tmp_path, "nodeloss", holdAtStep=HOLD) as job:
         wait_for(lambda: _committed(job) >= 4, 600, "a committed checkpoint", every=1)
         lost = _worker_to_lose(kube, kind_env, job)
         committed = _committed(job)

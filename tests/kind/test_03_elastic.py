@@ -15,9 +15,10 @@ from testbed.kube import Kube
 from tests.kind.conftest import KindEnv, scrape, wait_for
 from tests.kind.jobs import REFERENCE, KindJob, assert_losses_match, losses, running_job
 
-# Long enough that both resizes (each a checkpoint, a stop and a restore) land before the
-# last step with time to spare: about 2 s a step here, 20-30 s a resize.
-STEPS = 48
+# The attempts at dp=2 and then dp=1 hold at HOLD (training.holdAtStep, a test aid) until a
+# resize stops them, so both resizes land while the job trains, however fast the machine; the
+# attempt after the second resize trains to the end.
+STEPS, HOLD = 16, 8
 
 
 def _degree(status: dict[str, object]) -> int:
@@ -43,7 +44,7 @@ def test_kubectl_scale_shrinks_and_grows_the_data_degree(
     kube: Kube, kind_env: KindEnv, bucket: str, tmp_path: Path
 ) -> None:
     with running_job(kube, kind_env, bucket, tmp_path, "scale", data=2, min_data=1, steps=STEPS,
-                     metricsPort=DEFAULT_METRICS_PORT) as job:  # fmt: skip
+                     metricsPort=DEFAULT_METRICS_PORT, holdAtStep=HOLD, holdAttempts=2) as job:  # fmt: skip
         wait_for(_running_at(job, 2), 600, "the job Running at dp=2")
         wait_for(lambda: int(job.status().get("checkpoint", {}).get("step") or 0) >= 4, 600,
                  "a committed checkpoint")  # fmt: skip

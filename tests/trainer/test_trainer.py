@@ -28,6 +28,7 @@ from topotrain.contract import (
     ATTEMPT_ANNOTATION,
     CHECKPOINT_REQUEST,
     CONTROL_DIR_ENV,
+    HOLD_RELEASE,
     RESUME_STEP_ANNOTATION,
     format_control,
 )
@@ -276,11 +277,22 @@ def test_3d_parallel_matches_single_process_reference(tmp_path: Path) -> None:
     assert ref_losses[-1] < ref_losses[0]  # it learns
 
 
-def _request_checkpoint(control_dir: Path, value: str) -> None:
+def _write_control(control_dir: Path, annotations: dict[str, str]) -> None:
     """Write the control file as the kubelet does: whole, swapped in by a rename."""
     staged = control_dir / ".annotations.new"
-    staged.write_text(f'{CHECKPOINT_REQUEST}="{value}"\n')
+    staged.write_text(format_control(annotations))
     staged.replace(control_dir / "annotations")
+
+
+def _request_checkpoint(control_dir: Path, value: str) -> None:
+    _write_control(control_dir, {CHECKPOINT_REQUEST: value})
+
+
+def _of(run: TrainerRun, event: str) -> list[dict[str, Any]]:
+    return [e for e in run.events if e.get("event") == event]
+
+
+HOLD = 5  # training.holdAtStep of the stop test: the run cannot end before its SIGTERM
 
 
 def test_checkpoint_request_and_sigterm_lose_no_step(
@@ -289,28 +301,33 @@ def test_checkpoint_request_and_sigterm_lose_no_step(
     """No interval saves. A checkpoint request through the control file saves the next step
     and training goes on; SIGTERM to the pod's first process (what the kubelet signals) saves
     the current step, waits for COMMITTED and exits EXIT_STOPPED. The resume from that step
-    reads only each rank's share of it and reproduces the uninterrupted losses bit for bit."""
+    reads only each rank's share of it and reproduces the uninterrupted losses bit for bit.
+
+    Both runs hold at step HOLD (training.holdAtStep, a test aid): the SIGTERM lands while the
+    first still trains, however fast the machine; the resume is released through the control
+    file and goes on past the hold."""
     uri = fresh_uri(s3)
     store = store_for(s3, uri)
     control = tmp_path / "control"
     control.mkdir()
 
     def launch(resume: int | None, attempt: int) -> TrainerRun:
-        env = trainer_env(data=2, training=training(tmp_path), s3_env=s3.env(), checkpoint_uri=uri,
-                          interval=0, resume_step=resume, attempt=attempt)  # fmt: skip
+        env = trainer_env(data=2, training=training(tmp_path, hold_at_step=HOLD, hold_attempts=2), s3_env=s3.env(),
+                          checkpoint_uri=uri, interval=0, resume_step=resume, attempt=attempt)  # fmt: skip
         env[CONTROL_DIR_ENV] = str(control)
         return TrainerRun(env)
 
     first = launch(None, 0)
     first.wait_for("step", step=1)
-    _request_checkpoint(control, "req-1")
-    served = first.wait_for("checkpoint_requested")
+    _request_checkpoint(control, "req-1")  # served at a later boundary, or while held
+    first.wait_for("held", step=HOLD)
+    wait_until(lambda: bool(_of(first, "checkpoint_requested")), timeout=600, what="req-1 served")
     first.proc.send_signal(signal.SIGTERM)  # the kubelet signals the container's first process
-    committed = first.wait_for("checkpoint_committed", step=served["step"])
-    stopped = first.wait_for("stopped")
     assert first.finish() == EXIT_STOPPED, first.tail()
+    served, stopped = _of(first, "checkpoint_requested")[0], _of(first, "stopped")[0]
+    committed = next(e for e in _of(first, "checkpoint_committed") if e["step"] == served["step"])
     stop_step = int(stopped["step"])
-    assert served["step"] <= stop_step < STEPS and stopped["committed"] is True
+    assert served["step"] <= stop_step == HOLD and stopped["committed"] is True
     assert committed["request"] == "req-1"
     request_commit, stop_commit = store.read_commit(served["step"]), store.read_commit(stop_step)
     assert request_commit is not None and request_commit.request == "req-1"
@@ -319,10 +336,13 @@ def test_checkpoint_request_and_sigterm_lose_no_step(
     assert progress is not None and progress.checkpoint_request == ServedRequest("req-1", served["step"])
     assert max(first.losses()) == stop_step
 
-    second = launch(stop_step, 1)  # the annotation still says req-1: already served
+    # the annotation still says req-1 (already served), and now releases the hold
+    _write_control(control, {CHECKPOINT_REQUEST: "req-1", HOLD_RELEASE: "yes"})
+    second = launch(stop_step, 1)
     assert second.finish() == 0, second.tail()
     restored = next(e for e in second.events if e["event"] == "restored")
     assert restored["step"] == stop_step
+    assert [e["event"] for e in second.events if e["event"] in ("held", "released")] == ["held", "released"]
     assert len(restored["bytes_read"]) == 2
     assert all(0 < read < 0.75 * restored["step_bytes"] for read in restored["bytes_read"]), restored
     assert not [e for e in second.events if e["event"] == "checkpoint_requested"]

@@ -52,6 +52,13 @@ class TrainingConfig:
     # the pod's supervisor keeps a spare interpreter per local rank with torch imported for the
     # next in-place restart (supervisor.py): faster restarts for one more process's memory
     warm_spares: bool = False
+    # A test aid, not for production: in attempts below hold_attempts, at the first step boundary
+    # at or past hold_at_step (0: never), every rank waits, serving checkpoint requests and
+    # SIGTERM, until the pod annotation topotrain.io/hold-release is set or the gang is stopped.
+    # Tests use it to act on a job that is certainly still training, instead of sizing its length
+    # to win a race; the attempts after the test's fault or resize train to the end (docs/trainer.md).
+    hold_at_step: int = 0
+    hold_attempts: int = 1
 
     @classmethod
     def from_json(cls, text: str) -> TrainingConfig:
@@ -94,6 +101,9 @@ class TrainingConfig:
         for name in ("seq_len", "global_batch", "micro_batch", "steps", "progress_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"training.{name}={getattr(self, name)}: must be >= 1")
+        for name, camel in (("hold_at_step", "holdAtStep"), ("hold_attempts", "holdAttempts")):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"training.{camel}={getattr(self, name)}: must be >= 0")
         if self.lr <= 0:
             raise ConfigError(f"training.lr={self.lr}: must be > 0")
 

@@ -10,8 +10,10 @@
   that small file at every step boundary; at the next boundary every rank saves
   a checkpoint of that step and training goes on. The save's `COMMITTED` and
   `progress.json` name the request it served.
+- **A hold's release** (a test aid, `training.holdAtStep`): any value of the pod
+  annotation `topotrain.io/hold-release` lets a gang held at that step go on.
 
-One all-reduce (MAX) of two flags per step makes the ranks agree on the step:
+One all-reduce (MAX) of the flags per step makes the ranks agree on the step:
 a signal reaches different pods at different moments, and only rank 0 reads
 the file.
 """
@@ -26,7 +28,13 @@ from types import FrameType
 
 import torch
 import torch.distributed as dist
-from topotrain.contract import CHECKPOINT_REQUEST, EXIT_STOPPED, control_path, read_control
+from topotrain.contract import (
+    CHECKPOINT_REQUEST,
+    EXIT_STOPPED,
+    HOLD_RELEASE,
+    control_path,
+    read_control,
+)
 
 from topotrain_trainer.config import EXIT_PEER_LOST
 
@@ -46,6 +54,7 @@ class Decision:
     stop: bool = False
     checkpoint: bool = False
     request: str = ""
+    released: bool = False  # a held gang may go on (asked for only while held)
 
 
 class Control:
@@ -64,20 +73,28 @@ class Control:
 
     def pending_request(self) -> str:
         """A checkpoint request not served yet ("" when none); read by rank 0 only."""
-        if self.rank != 0:
-            return ""
-        value = read_control(self.path).get(CHECKPOINT_REQUEST, "")
-        return value if value and value != self.served else ""
+        return self._read()[0]
 
-    def poll(self) -> Decision:
-        pending = self.pending_request()
-        flags = torch.tensor([int(self.terminated), int(bool(pending))], dtype=torch.int64)
+    def _read(self) -> tuple[str, bool]:
+        """Rank 0: (the pending checkpoint request, whether a hold is released)."""
+        if self.rank != 0:
+            return "", False
+        control = read_control(self.path)
+        value = control.get(CHECKPOINT_REQUEST, "")
+        return (value if value and value != self.served else ""), bool(control.get(HOLD_RELEASE))
+
+    def poll(self, held: bool = False) -> Decision:
+        """What every rank does at this boundary; `held`: also whether a hold is released."""
+        pending, release = self._read()
+        flags = torch.tensor(
+            [int(self.terminated), int(bool(pending)), int(held and release)], dtype=torch.int64
+        )
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        stop, checkpoint = bool(flags[0].item()), bool(flags[1].item())
+        stop, checkpoint, released = (bool(f.item()) for f in flags)
         if checkpoint:
             self.served = pending or self.served
-        return Decision(stop, checkpoint, pending if checkpoint else "")
+        return Decision(stop, checkpoint, pending if checkpoint else "", released)
 
 
 def exit_code(terminated: bool, committed: bool) -> int:

@@ -45,6 +45,7 @@ def process_start() -> datetime:
 
 
 PROCESS_START = process_start()
+HOLD_POLL_SECONDS = 0.5  # how often a held gang looks at its control file
 
 
 def train(env: TrainerEnv, config: TrainingConfig) -> None:
@@ -56,6 +57,10 @@ def train(env: TrainerEnv, config: TrainingConfig) -> None:
     first = True
     job.loader.start(progress.consumed_samples)
     while progress.step < config.steps:
+        if job.holding(progress.step):
+            stopped = job.hold(progress.step)
+            if stopped is not None:
+                break
         started = time.perf_counter()
         inputs, targets = job.loader.next(progress.consumed_samples)
         loss, grad_norm = job.train_step(inputs, targets)
@@ -157,6 +162,7 @@ class Job:
             )
             self.heartbeat = Heartbeat(store, env.attempt) if rank == 0 else None
         self.control = Control(rank)
+        self.released = False  # training.holdAtStep: the hold was released (by this run)
 
     @classmethod
     def setup(cls, env: TrainerEnv, config: TrainingConfig) -> Job:
@@ -180,18 +186,40 @@ class Job:
             job.checkpointer.tidy()
         return job
 
-    def at_boundary(self, step: int) -> int | None:
+    def at_boundary(self, step: int, *, held: bool = False) -> int | None:
         """After a step: the interval's save, the operator's checkpoint request, and SIGTERM
-        (save this step, wait for COMMITTED, then stop: returns the exit code)."""
-        decision = self.control.poll()
+        (save this step, wait for COMMITTED, then stop: returns the exit code). `held`: a
+        hold's poll at a boundary already passed (no interval save; a release ends the hold)."""
+        decision = self.control.poll(held)
         if decision.stop:
             return self.stop(step, decision)
-        due = bool(self.interval) and step % self.interval == 0
+        self.released = self.released or decision.released
+        due = not held and bool(self.interval) and step % self.interval == 0
         if self.checkpointer is not None and (due or decision.checkpoint):
             self.checkpointer.save(step, self.app, blocking=self.config.sync_checkpoint,
                                    request=self.control.served)  # fmt: skip
         if decision.checkpoint and self.checkpointer is not None:
             self.served(step, decision)
+        return None
+
+    def holding(self, step: int) -> bool:
+        """training.holdAtStep (a test aid): an attempt that holds, at or past the step, not
+        released yet."""
+        hold = self.config.hold_at_step
+        return (bool(hold) and step >= hold and self.env.attempt < self.config.hold_attempts
+                and not self.released)  # fmt: skip
+
+    def hold(self, step: int) -> int | None:
+        """Wait at this step boundary until the hold is released, serving checkpoint requests
+        and SIGTERM meanwhile (returns the exit code of a stop). A test aid: the operator sees
+        no progress while a gang is held, so a hold longer than progressTimeoutSeconds is a hang."""
+        self.metrics.emit({"event": "held", "step": step})
+        while not self.released:
+            time.sleep(HOLD_POLL_SECONDS)
+            stopped = self.at_boundary(step, held=True)
+            if stopped is not None:
+                return stopped
+        self.metrics.emit({"event": "released", "step": step})
         return None
 
     def stop(self, step: int, decision: Decision) -> int:
