@@ -28,7 +28,7 @@ from typing import Any
 from topotrain.placement import GangRequest, Mesh, evaluate, meets_constraints, plan
 from topotrain.placement.baselines import BASELINES
 from topotrain.placement.cost import DomainIndex
-from topotrain.topology import Inventory, TopologyLevels
+from topotrain.placement.topology import Inventory, TopologyLevels
 
 LEVELS = TopologyLevels()
 

@@ -59,7 +59,7 @@ from scale_plot import growth_svg
 from scale_probes import HealthProbe, JobRecord, JobRecorder, RequestCounter
 from scale_runner import OperatorRun, install_crd, make_namespace, remove_namespace
 from scale_workload import JobShape, big_gang_pods, fleet, job_stream
-from topotrain.metrics import RECONCILE_BUCKETS
+from topotrain.controller.metrics import RECONCILE_BUCKETS
 
 from testbed.cluster import Testbed
 from testbed.kube import api_client

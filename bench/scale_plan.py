@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 
 from placement import LEVELS, STYLES, make_cluster
-from topotrain.api import TrainingJobSpec
-from topotrain.planning import PlacementPlanner
-from topotrain.topology import Inventory
+from topotrain.api.spec import TrainingJobSpec
+from topotrain.core.planning import PlacementPlanner
+from topotrain.placement.topology import Inventory
 
 TARGET_P99_S = 1.0
 

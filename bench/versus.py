@@ -50,7 +50,7 @@ import yaml
 from kubernetes import client
 from scale_runner import OperatorRun, install_crd, make_namespace, remove_namespace
 from scale_workload import JobShape, big_gang_pods, fleet, job_stream
-from topotrain.manifests import INDEX_LABEL, JOB_LABEL
+from topotrain.core.manifests import INDEX_LABEL, JOB_LABEL
 from versus_jobs import (
     COMPLETION_INDEX_LABEL,
     FILLER_NAMESPACE,

@@ -22,11 +22,11 @@ from typing import Any
 
 from placement import scatter
 from scale_workload import GPUS_PER_POD, JobShape
-from topotrain.api import TrainingJobSpec
-from topotrain.kueue import topology_request
+from topotrain.api.spec import TrainingJobSpec
+from topotrain.core.kueue import topology_request
 from topotrain.placement import GangRequest, Mesh, evaluate
 from topotrain.placement.cost import DomainIndex
-from topotrain.topology import Inventory, NodeInfo, TopologyLevels
+from topotrain.placement.topology import Inventory, NodeInfo, TopologyLevels
 
 from testbed.binaries import KEEP_RUNNING_LABEL
 from testbed.kueue import QUEUE_LABEL

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 from kubernetes import client
 from scale_runner import OperatorRun, install_crd, make_namespace, remove_namespace
 from scale_workload import JobShape
-from topotrain.kueue import KUEUE_API_VERSION
-from topotrain.manifests import INDEX_LABEL, JOB_LABEL
+from topotrain.core.kueue import KUEUE_API_VERSION
+from topotrain.core.manifests import INDEX_LABEL, JOB_LABEL
 from versus_jobs import FILLER_NAMESPACE, Placed, filler_pods, jobset_manifest, placement_cost
 from versus_recovery import RecoveryRow, run_recovery
 from versus_watch import gang_running, pod_views

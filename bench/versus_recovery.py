@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes import client
 from scale_workload import JobShape
-from topotrain.manifests import INDEX_LABEL, JOB_LABEL
+from topotrain.core.manifests import INDEX_LABEL, JOB_LABEL
 from versus_jobs import COMPLETION_INDEX_LABEL, JOBSET_NAME_LABEL, jobset_manifest
 from versus_watch import GangWatch, Recovery, time_recovery
 

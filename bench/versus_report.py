@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scale_workload import JobShape
-from topotrain.topology import NodeInfo
+from topotrain.placement.topology import NodeInfo
 from versus_jobs import Placed, placement_cost
 from versus_placement import PlacementResult
 from versus_watch import Gang, Recovery

@@ -33,10 +33,10 @@ from typing import Any, TypeVar
 import yaml
 from kubernetes import client
 from topotrain.checkpoints import CheckpointStore, job_prefix
-from topotrain.cli_plan import table
+from topotrain.cli.plan import table
 from topotrain.placement import GangRequest, Plan, PodAssignment
 from topotrain.placement.svg import render
-from topotrain.topology import Inventory
+from topotrain.placement.topology import Inventory
 
 from testbed.binaries import bin_dir
 from testbed.cluster import STATE_DIR_ENV, Testbed, default_state_dir

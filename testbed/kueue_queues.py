@@ -16,8 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from topotrain.kueue import KUEUE_API_VERSION, topology_domains, topology_manifest
-from topotrain.topology import TopologyLevels
+from topotrain.core.kueue import KUEUE_API_VERSION, topology_domains, topology_manifest
+from topotrain.placement.topology import TopologyLevels
 
 from testbed.topology import (
     CLIQUE_LABEL,

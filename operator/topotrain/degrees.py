@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from topotrain.api import TrainingJobSpec
+    from topotrain.api.spec import TrainingJobSpec
 
 # The bundled trainer's defaults (topotrain_trainer.config.TrainingConfig uses these).
 DEFAULT_GLOBAL_BATCH = 16

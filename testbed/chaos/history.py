@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from topotrain.contract import ATTEMPT_ANNOTATION, RESUME_STEP_ANNOTATION
-from topotrain.manifests import NODE_ANNOTATION
+from topotrain.core.manifests import NODE_ANNOTATION
 
 from testbed.harness import ATTEMPT_LABEL, INDEX_LABEL, JOB_LABEL
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 import yaml
-from topotrain.status import Reason
+from topotrain.api.status import Reason
 
 from testbed.binaries import binary
 from testbed.kube import Kube

@@ -213,7 +213,7 @@ def test_a_status_write_meant_for_a_deleted_job_never_lands_on_its_namesake(clus
     created: its status write is made against the old object's uid and must be refused, leaving
     the new job's status alone (a merge patch of the status subresource ignores metadata.uid,
     so the operator writes a JSON patch that tests it)."""
-    from topotrain.kube import Kube as OperatorKube
+    from topotrain.controller.kube import Kube as OperatorKube
 
     manifest = cluster.manifest("twin", pipeline=1, data=1, suspend=True)  # nothing to place
     cluster.apply(manifest)
@@ -240,7 +240,7 @@ def test_a_status_write_from_a_stale_view_of_the_phase_is_refused(cluster: Clust
     """Two replicas can act at once for a few seconds (the leader's peering keep-alive held up
     by an API server restart): the one whose view is stale must not move the job back. Each
     write tests the phase it started from; the real API server refuses the stale one."""
-    from topotrain.kube import Kube as OperatorKube
+    from topotrain.controller.kube import Kube as OperatorKube
 
     cluster.apply(cluster.manifest("held", pipeline=1, data=1, suspend=True))  # nothing to place
     current = wait_for("the operator's status", lambda: cluster.status("held").get("phase") and cluster.status("held"))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from topotrain.manifests import ATTEMPT_LABEL, CONTAINER, INDEX_LABEL, JOB_LABEL
+from topotrain.core.manifests import ATTEMPT_LABEL, CONTAINER, INDEX_LABEL, JOB_LABEL
 
 from testbed.harness_proc import events_by_attempt
 from testbed.kube import Kube

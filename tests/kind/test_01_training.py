@@ -8,7 +8,7 @@ from pathlib import Path
 
 from topotrain.checkpoints import CheckpointStore, job_prefix
 from topotrain.contract import MASTER_ADDR
-from topotrain.manifests import INDEX_LABEL
+from topotrain.core.manifests import INDEX_LABEL
 
 from testbed.kube import Kube
 from tests.kind.conftest import KindEnv, S3Access, wait_for

@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from topotrain.manifests import CONTAINER
+from topotrain.core.manifests import CONTAINER
 
 from testbed.kube import Kube
 from tests.kind.conftest import KindEnv, kubectl_json, service_nodes, wait_for

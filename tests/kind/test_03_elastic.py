@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from topotrain.contract import DEFAULT_METRICS_PORT
-from topotrain.manifests import INDEX_LABEL
+from topotrain.core.manifests import INDEX_LABEL
 
 from testbed.kube import Kube
 from tests.kind.conftest import KindEnv, scrape, wait_for

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from topotrain import degrees
-from topotrain.api import TrainingJobSpec
+from topotrain.api.spec import TrainingJobSpec
 from topotrain_trainer.config import ConfigError, TrainingConfig
 
 pytestmark = pytest.mark.trainer

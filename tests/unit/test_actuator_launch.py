@@ -7,13 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from topotrain.api import TrainingJobSpec
-from topotrain.handlers_act import Actuator
-from topotrain.manifests import GANG_GATE
-from topotrain.reconcile import Decision, Launch
-from topotrain.settings import Settings
-from topotrain.snapshot import Ledger
-from topotrain.status import TrainingJobStatus
+from topotrain.api.spec import TrainingJobSpec
+from topotrain.api.status import TrainingJobStatus
+from topotrain.controller.act import Actuator
+from topotrain.controller.settings import Settings
+from topotrain.controller.snapshot import Ledger
+from topotrain.core.manifests import GANG_GATE
+from topotrain.core.reconcile import Decision, Launch
 
 
 class RecordingKube:
@@ -71,7 +71,7 @@ def test_a_released_gang_is_not_released_again_while_the_watch_catches_up(monkey
     """The pass after a launch often still sees the pods gated (their change is not in the watch
     yet) and decides to release them: the Actuator skips what it released moments ago (in a
     burst of 100 new jobs every gang was released twice), and releases them again later."""
-    from topotrain import handlers_act
+    from topotrain.controller import act
 
     kube = RecordingKube()
     actuator = Actuator(kube=kube, settings=Settings(), ledger=Ledger())  # type: ignore[arg-type]
@@ -83,6 +83,6 @@ def test_a_released_gang_is_not_released_again_while_the_watch_catches_up(monkey
     again = Decision(status=TrainingJobStatus(), release=["llm-0-0", "llm-0-1"])
     actuator.apply(("team", "llm"), body, spec(2), again)
     assert kube.released == ["llm-0-0", "llm-0-1"], "released twice"
-    monkeypatch.setattr(handlers_act, "RELEASED_MEMORY", 0.0)  # long after: still gated, so released
+    monkeypatch.setattr(act, "RELEASED_MEMORY", 0.0)  # long after: still gated, so released
     actuator.apply(("team", "llm"), body, spec(2), again)
     assert kube.released == ["llm-0-0", "llm-0-1"] * 2

@@ -307,7 +307,7 @@ def test_dashboard_configmap_charts_every_metric_the_code_exports(
 ) -> None:
     import prometheus_client
     import topotrain_trainer.metrics  # noqa: F401  (registers the trainer's metrics)
-    from topotrain.metrics import Metrics
+    from topotrain.controller.metrics import Metrics
 
     operator_series = exported_series(Metrics().registry)
     trainer_series = {

@@ -297,7 +297,7 @@ def test_the_served_request_is_found_under_a_newer_stale_commit(
     """A gang replaced by a resize saved step 26 on its SIGTERM (naming its own request) after the
     new gang had resumed from 13; the new gang's requested save is step 24. The operator still
     learns its request was served, at step 24."""
-    from topotrain.handlers_observe import _served_request
+    from topotrain.controller.observe import _served_request
 
     for step, request in ((13, "resize-0"), (24, "resize-1"), (26, "resize-0")):
         _write_shards(store, step, tmp_path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from topotrain.crd import CRD_FILENAME, build_crd, render_crd
+from topotrain.api.crd import CRD_FILENAME, build_crd, render_crd
 
 ROOT = Path(__file__).resolve().parents[2]
 

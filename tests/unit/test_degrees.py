@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import yaml
-from topotrain.api import TrainingJobSpec, validate_manifest
+from topotrain.api.spec import TrainingJobSpec, validate_manifest
 from topotrain.degrees import REASON, BatchRule, DataLimits, DegreeRule, limits_for, spec_problems
 
 from tests.example_manifests import ROOT

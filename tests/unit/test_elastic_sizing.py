@@ -7,12 +7,12 @@ from typing import Any
 import pytest
 import yaml
 from test_placement_support import node
-from topotrain.api import Parallelism, TrainingJobSpec
+from topotrain.api.spec import Parallelism, TrainingJobSpec
+from topotrain.api.status import Reason
+from topotrain.core.elastic import bounds, resize_kind, resize_request, valid_degrees
+from topotrain.core.planning import PlacementPlanner
 from topotrain.degrees import REASON, DegreeRule, limits_for
-from topotrain.elastic import bounds, resize_kind, resize_request, valid_degrees
-from topotrain.planning import PlacementPlanner
-from topotrain.status import Reason
-from topotrain.topology import Inventory
+from topotrain.placement.topology import Inventory
 
 from tests.example_manifests import ROOT
 

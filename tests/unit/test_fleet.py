@@ -14,12 +14,12 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from topotrain.fleet import Fleet
-from topotrain.handlers_jobs import Operator, WatchLook, node_entries, pod_entries
-from topotrain.manifests import ATTEMPT_LABEL, INDEX_LABEL, JOB_LABEL, NODE_ANNOTATION
-from topotrain.settings import Settings
-from topotrain.snapshot import Ghosts, Ledger, Snapshot, slim_node, slim_pod
-from topotrain.topology import TopologyLevels
+from topotrain.controller.fleet import Fleet
+from topotrain.controller.loop import Operator, WatchLook, node_entries, pod_entries
+from topotrain.controller.settings import Settings
+from topotrain.controller.snapshot import Ghosts, Ledger, Snapshot, slim_node, slim_pod
+from topotrain.core.manifests import ATTEMPT_LABEL, INDEX_LABEL, JOB_LABEL, NODE_ANNOTATION
+from topotrain.placement.topology import TopologyLevels
 
 LEVELS = TopologyLevels()
 NODES = [f"n{i}" for i in range(6)]

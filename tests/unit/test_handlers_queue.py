@@ -6,9 +6,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from topotrain.api import TrainingJobSpec
-from topotrain.handlers_queue import QueueLink
-from topotrain.topology import TopologyLevels
+from topotrain.api.spec import TrainingJobSpec
+from topotrain.controller.queue_link import QueueLink
+from topotrain.placement.topology import TopologyLevels
 
 SPEC = TrainingJobSpec.model_validate({
     "image": "trainer:1", "parallelism": {"tensor": 1, "pipeline": 1, "data": 2},

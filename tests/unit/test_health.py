@@ -9,8 +9,8 @@ import urllib.error
 import urllib.request
 
 import pytest
-from topotrain.health import HealthServer, LoopHealth
-from topotrain.settings import Settings, SettingsError
+from topotrain.controller.health import HealthServer, LoopHealth
+from topotrain.controller.settings import Settings, SettingsError
 
 
 class Clock:

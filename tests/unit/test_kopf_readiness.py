@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from kopf._cogs.aiokits import aiotoggles
-from topotrain import kopf_readiness
+from topotrain.controller import kopf_readiness
 
 
 def test_the_gate_opens_once_every_object_is_indexed_and_wakes_waiters_only_then() -> None:

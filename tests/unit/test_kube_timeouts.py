@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import urllib3
 from kubernetes import client
-from topotrain import kube
+from topotrain.controller import kube
 
 
 def test_an_api_server_that_never_answers_times_out(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,8 +6,8 @@ import copy
 from typing import Any
 
 import pytest
-from topotrain.api import TrainingJobSpec
-from topotrain.kueue import (
+from topotrain.api.spec import TrainingJobSpec
+from topotrain.core.kueue import (
     Admission,
     admission_of,
     admitted_data,
@@ -21,8 +21,8 @@ from topotrain.kueue import (
     workload_for,
     workload_name,
 )
-from topotrain.reconcile import QueueGate
-from topotrain.topology import Inventory, TopologyLevels
+from topotrain.core.reconcile import QueueGate
+from topotrain.placement.topology import Inventory, TopologyLevels
 
 LEVELS = TopologyLevels()
 BLOCK, RACK, NVLINK = LEVELS.block, LEVELS.rack, LEVELS.nvlink

@@ -6,10 +6,10 @@ import json
 from typing import Any
 
 import pytest
-from topotrain.api import TrainingJobSpec
-from topotrain.api_pod import operator_annotation, operator_label
+from topotrain.api.pod import operator_annotation, operator_label
+from topotrain.api.spec import TrainingJobSpec
 from topotrain.contract import TrainerEnv
-from topotrain.manifests import (
+from topotrain.core.manifests import (
     GANG_GATE,
     JobMeta,
     PodPlan,

@@ -13,19 +13,19 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from topotrain.api import TrainingJobSpec
+from topotrain.api.spec import TrainingJobSpec
+from topotrain.api.status import Reason
 from topotrain.checkpoints import CheckpointStore, PrefixOwner
-from topotrain.manifests import JobMeta, PodPlan, pod
-from topotrain.ownership import (
+from topotrain.controller.snapshot import Ghosts, Ledger, Snapshot, slim_node, slim_pod
+from topotrain.core.manifests import JobMeta, PodPlan, pod
+from topotrain.core.ownership import (
     Owner,
     claim_checkpoints,
     controller_owner,
     foreign_message,
     owned_by,
 )
-from topotrain.snapshot import Ghosts, Ledger, Snapshot, slim_node, slim_pod
-from topotrain.status import Reason
-from topotrain.topology import TopologyLevels
+from topotrain.placement.topology import TopologyLevels
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 EARLIER = datetime(2025, 12, 1, tzinfo=UTC)
@@ -196,10 +196,10 @@ def test_the_jobs_own_pods_and_ledger_entries_stay_its_own() -> None:
 def test_a_reserved_launch_holds_its_gpus_before_any_api_call_until_unreserved() -> None:
     """The decision's pods are in the ledger when the plan lock is released (the creates run
     after it): another job's inventory counts their GPUs as taken; a failed pass frees them."""
-    from topotrain.handlers_act import Actuator
-    from topotrain.reconcile import Decision, Launch
-    from topotrain.settings import Settings
-    from topotrain.status import TrainingJobStatus
+    from topotrain.api.status import TrainingJobStatus
+    from topotrain.controller.act import Actuator
+    from topotrain.controller.settings import Settings
+    from topotrain.core.reconcile import Decision, Launch
 
     ledger = Ledger()
     actuator = Actuator(kube=None, settings=Settings(), ledger=ledger)  # type: ignore[arg-type]
@@ -223,10 +223,10 @@ def test_a_pod_the_api_server_says_is_gone_leaves_every_later_snapshot() -> None
     """kopf's index keeps a pod whose DELETED event a re-listed watch never delivered (long soak
     seed 1302: the gang waited for ever). The Actuator reports the 404s of its pod calls; the
     uids the pass saw under those names leave the snapshot, a namesake created later does not."""
-    from topotrain.handlers_act import Actuator
-    from topotrain.reconcile import Decision
-    from topotrain.settings import Settings
-    from topotrain.status import TrainingJobStatus
+    from topotrain.api.status import TrainingJobStatus
+    from topotrain.controller.act import Actuator
+    from topotrain.controller.settings import Settings
+    from topotrain.core.reconcile import Decision
 
     def with_uid(p: dict[str, Any], uid: str) -> dict[str, Any]:
         return {**p, "metadata": {**p["metadata"], "uid": uid}}

@@ -9,7 +9,7 @@ import pytest
 from test_placement_support import node, pod
 from topotrain.placement import GangRequest, Mesh, plan
 from topotrain.placement.cost import DomainIndex, evaluate
-from topotrain.topology import Inventory
+from topotrain.placement.topology import Inventory
 
 
 def hgx(racks: list[int], *, free: int = 8, product: str = "H100-80GB", prefix: str = "n", blocks: int = 1) -> list[dict[str, Any]]:
@@ -196,7 +196,7 @@ def test_json_document() -> None:
 
 
 def test_request_from_the_api_model() -> None:
-    from topotrain.api import TrainingJobSpec
+    from topotrain.api.spec import TrainingJobSpec
 
     spec = TrainingJobSpec.model_validate({
         "image": "t:1",

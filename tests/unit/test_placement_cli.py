@@ -10,7 +10,7 @@ import pytest
 import yaml
 from test_placement import hgx
 from test_placement_support import pod
-from topotrain.cli_plan import main
+from topotrain.cli.plan import main
 
 JOB: dict[str, Any] = {
     "apiVersion": "topotrain.io/v1alpha1",
@@ -109,7 +109,7 @@ def test_bad_input_names_file_and_field(
 
 
 def test_wired_into_topotrain_cli(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    from topotrain.cli import main as topotrain_main
+    from topotrain.cli.main import main as topotrain_main
 
     assert topotrain_main(["plan", *run(files, "-o", "json")]) == 0
     assert json.loads(capsys.readouterr().out)["feasible"] is True

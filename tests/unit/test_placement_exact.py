@@ -8,7 +8,7 @@ import random
 from test_placement_support import brute_force, cost_of, random_cluster, random_request
 from topotrain.placement import Mesh, plan
 from topotrain.placement.cost import DomainIndex
-from topotrain.topology import Inventory
+from topotrain.placement.topology import Inventory
 
 INSTANCES = 250
 

@@ -12,7 +12,7 @@ from test_placement_support import pod, random_cluster, random_request
 from topotrain.placement import GangRequest, Mesh, evaluate, meets_constraints, plan
 from topotrain.placement.baselines import bestfit_assign
 from topotrain.placement.cost import DomainIndex
-from topotrain.topology import Inventory
+from topotrain.placement.topology import Inventory
 
 
 @st.composite

@@ -7,7 +7,7 @@ from typing import Any
 
 from topotrain.placement import GangRequest, Mesh
 from topotrain.placement.cost import DomainIndex, evaluate
-from topotrain.topology import TopologyLevels
+from topotrain.placement.topology import TopologyLevels
 
 LEVELS = TopologyLevels()
 

@@ -6,8 +6,9 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from topotrain.api import FailurePolicy
-from topotrain.policy import (
+from topotrain.api.spec import FailurePolicy
+from topotrain.api.status import Reason, RestartBudgets
+from topotrain.core.policy import (
     NodeView,
     PodView,
     backoff_seconds,
@@ -15,7 +16,6 @@ from topotrain.policy import (
     detect_failure,
     stalled_failure,
 )
-from topotrain.status import Reason, RestartBudgets
 
 NODES = {"a": NodeView("a"), "b": NodeView("b"), "sick": NodeView("sick", ready=False)}
 DEFAULT = FailurePolicy()

@@ -12,13 +12,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from topotrain.api import TrainingJobSpec
-from topotrain.planning import PlanOutcome
-from topotrain.policy import NodeView, PodView
-from topotrain.reconcile import Decision, Observed, RankTable, reconcile
-from topotrain.reconcile_status import CheckpointView
-from topotrain.status import ConditionType as C
-from topotrain.status import Reason, TrainingJobStatus
+from topotrain.api.spec import TrainingJobSpec
+from topotrain.api.status import ConditionType as C
+from topotrain.api.status import Reason, TrainingJobStatus
+from topotrain.core.planning import PlanOutcome
+from topotrain.core.policy import NodeView, PodView
+from topotrain.core.reconcile import Decision, Observed, RankTable, reconcile
+from topotrain.core.reconcile_status import CheckpointView
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -385,7 +385,7 @@ def test_a_pod_terminating_long_past_its_grace_period_is_deleted_again() -> None
     showed Terminating on a Ready node it needed (its deletion was missed while the API server
     restarted). Past its grace period by more than OVERDUE_SECONDS such a pod is deleted again:
     a ghost's 404 is what lets the operator drop it (test_snapshot: Ghosts)."""
-    from topotrain.reconcile import OVERDUE_SECONDS
+    from topotrain.core.reconcile import OVERDUE_SECONDS
 
     obs = running_job()
     pods = list(gang(0))

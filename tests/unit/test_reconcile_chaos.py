@@ -7,8 +7,8 @@ from dataclasses import replace
 from datetime import timedelta
 
 from test_reconcile import T0, gang, run, running_job, spec
-from topotrain.reconcile_status import CheckpointView
-from topotrain.status import Reason
+from topotrain.api.status import Reason
+from topotrain.core.reconcile_status import CheckpointView
 
 CKPT = CheckpointView(step=200, uri="s3://ckpt/runs/ns/job/step-0000000200")
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 from test_reconcile import T0, FakePlanner, gang, observed, run, running_job, spec
-from topotrain.policy import NodeView, PodView
-from topotrain.reconcile import RankTable
-from topotrain.reconcile_status import CheckpointView
-from topotrain.status import ConditionType as C
-from topotrain.status import Reason
+from topotrain.api.status import ConditionType as C
+from topotrain.api.status import Reason
+from topotrain.core.policy import NodeView, PodView
+from topotrain.core.reconcile import RankTable
+from topotrain.core.reconcile_status import CheckpointView
 
 CKPT = CheckpointView(step=200, uri="s3://ckpt/runs/ns/job/step-0000000200")
 DOWN = CheckpointView(reachable=False, error="Could not connect to the endpoint URL")
@@ -202,7 +202,7 @@ def test_pending_pods_say_why_and_restart_away_from_their_node_after_the_timeout
 
 def _refused(obs: Any, now: float) -> Any:
     """What the edge writes when the API server refused the gang's pods."""
-    from topotrain.reconcile_status import StatusBuilder
+    from topotrain.core.reconcile_status import StatusBuilder
 
     sb = StatusBuilder(obs.status, obs.generation, at(now))
     sb.pods_refused(Reason.QUOTA_EXCEEDED, 'pods "job-0-3" is forbidden: exceeded quota: gpus')
@@ -360,8 +360,8 @@ def test_an_implausible_trainer_clock_falls_back_to_the_operators_observation() 
 def test_a_spec_with_no_allowed_degree_is_a_configuration_problem() -> None:
     """A spec stored before the allowed-degree rule (CEL now refuses it): no trainer is started
     to exit 78; ConfigValid says which field to fix."""
+    from topotrain.core.planning import PlanOutcome
     from topotrain.degrees import REASON
-    from topotrain.planning import PlanOutcome
 
     class NoDegree(FakePlanner):
         def plan(self, low: int, high: int) -> PlanOutcome:
@@ -376,7 +376,7 @@ def test_a_spec_with_no_allowed_degree_is_a_configuration_problem() -> None:
 
 
 def test_a_namesakes_pod_in_the_way_is_waited_for_never_failed() -> None:
-    from topotrain.reconcile_status import StatusBuilder
+    from topotrain.core.reconcile_status import StatusBuilder
 
     _, obs = run(observed(spec=spec(schedulingTimeoutSeconds=60)))
     sb = StatusBuilder(obs.status, obs.generation, at(0))
@@ -392,7 +392,7 @@ def test_pods_accepted_after_a_refusal_end_the_refusal_at_once() -> None:
     # The long chaos soak: quota lifted, the retry's pods created and deleted at once by a fault
     # before a pass saw them; the stale refusal then failed the job on schedulingTimeoutSeconds
     # measured from the first refusal, minutes before.
-    from topotrain.reconcile_status import StatusBuilder
+    from topotrain.core.reconcile_status import StatusBuilder
 
     obs = running_job()
     sb = StatusBuilder(obs.status, 1, at(0))

@@ -16,7 +16,7 @@ from prometheus_client import generate_latest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from scale_probes import histogram_quantile
-from topotrain.metrics import Metrics
+from topotrain.controller.metrics import Metrics
 
 
 def buckets_of(metrics: Metrics) -> list[tuple[float, float]]:

@@ -7,10 +7,10 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from topotrain.api.status import Reason
 from topotrain.checkpoints import WorkerFailure
-from topotrain.policy import NodeView, PodView
-from topotrain.reconcile import Decision, Observed
-from topotrain.status import Reason
+from topotrain.core.policy import NodeView, PodView
+from topotrain.core.reconcile import Decision, Observed
 
 from tests.unit.test_reconcile import T0, FakePlanner, gang, observed, run, spec
 

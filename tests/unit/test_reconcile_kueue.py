@@ -11,9 +11,9 @@ from typing import Any
 from test_reconcile import gang, observed, run, running_job
 from test_reconcile_planned import asked, at, request_of, served
 from test_reconcile_suspend import suspended_spec
-from topotrain.reconcile import QueueGate
-from topotrain.status import ConditionType as C
-from topotrain.status import Reason
+from topotrain.api.status import ConditionType as C
+from topotrain.api.status import Reason
+from topotrain.core.reconcile import QueueGate
 
 WAITING = QueueGate(admitted=False, message=(
     "waiting for Kueue admission in ClusterQueue team-a: couldn't assign flavors to pod set "
@@ -115,8 +115,8 @@ class _Fixed:
 
 
 def test_the_assigned_nodes_are_planned_on_first_and_the_flavor_only_when_they_do_not_fit() -> None:
-    from topotrain.handlers_jobs import FirstFeasible
-    from topotrain.planning import PlanOutcome
+    from topotrain.controller.loop import FirstFeasible
+    from topotrain.core.planning import PlanOutcome
 
     fits = PlanOutcome(feasible=True, assignments={0: "a", 1: "b"})
     lost = PlanOutcome(feasible=False, reason=Reason.INSUFFICIENT_CAPACITY)
@@ -129,12 +129,12 @@ def test_the_assigned_nodes_are_planned_on_first_and_the_flavor_only_when_they_d
 
 def test_pods_on_kueues_assigned_nodes_carry_the_tas_annotation_and_others_do_not() -> None:
     from test_reconcile import spec
-    from topotrain.handlers_act import Actuator
-    from topotrain.kueue import TAS_POD_ANNOTATION
-    from topotrain.manifests import JobMeta
-    from topotrain.reconcile import Launch
-    from topotrain.settings import Settings
-    from topotrain.snapshot import Ledger
+    from topotrain.controller.act import Actuator
+    from topotrain.controller.settings import Settings
+    from topotrain.controller.snapshot import Ledger
+    from topotrain.core.kueue import TAS_POD_ANNOTATION
+    from topotrain.core.manifests import JobMeta
+    from topotrain.core.reconcile import Launch
 
     actuator = Actuator(kube=None, settings=Settings(), ledger=Ledger())  # type: ignore[arg-type]
     actuator.tas_hosts = frozenset({"a"})

@@ -8,9 +8,9 @@ from typing import Any
 
 from test_reconcile import gang, observed, run, running_job, spec
 from test_reconcile_planned import LAST, asked, at, request_of, served
-from topotrain.reconcile import Observed
-from topotrain.status import ConditionType as C
-from topotrain.status import Reason
+from topotrain.api.status import ConditionType as C
+from topotrain.api.status import Reason
+from topotrain.core.reconcile import Observed
 
 
 def suspended_spec(on: bool = True) -> Any:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from topotrain.settings import Settings, SettingsError, parse
+from topotrain.controller.settings import Settings, SettingsError, parse
 
 
 def test_defaults() -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from test_placement_support import node, pod
-from topotrain.topology import Inventory, TopologyLevels, pod_gpus, tolerates
+from topotrain.placement.topology import Inventory, TopologyLevels, pod_gpus, tolerates
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 

@@ -7,10 +7,10 @@ import asyncio
 from typing import Any
 
 import pytest
-from topotrain.api import TrainingJobSpec
-from topotrain.handlers_jobs import Operator, wants_capacity
-from topotrain.settings import Settings
-from topotrain.status import CurrentParallelism, TrainingJobStatus
+from topotrain.api.spec import TrainingJobSpec
+from topotrain.api.status import CurrentParallelism, TrainingJobStatus
+from topotrain.controller.loop import Operator, wants_capacity
+from topotrain.controller.settings import Settings
 
 SPEC = TrainingJobSpec.model_validate({
     "image": "trainer:1", "parallelism": {"tensor": 8, "pipeline": 1, "data": 4, "minData": 1},
@@ -86,7 +86,7 @@ def test_a_stopping_loop_leaves_the_state_of_its_re_created_namesake_alone() -> 
 def test_a_resync_that_finds_a_ghost_wakes_its_job_and_the_jobs_waiting_for_capacity() -> None:
     from dataclasses import replace
 
-    from topotrain import snapshot
+    from topotrain.controller import snapshot
 
     ghost = {"metadata": {"name": "old-0-0", "namespace": "ns", "uid": "u1", "labels": {"topotrain.io/job": "old"}}}
 
@@ -123,7 +123,7 @@ def test_a_resync_that_finds_a_ghost_wakes_its_job_and_the_jobs_waiting_for_capa
 def test_only_a_decision_that_claims_gpus_needs_the_plan_lock() -> None:
     """JobLoop._decide says whether the decision planned or launches pods: only then is it made
     again under the process-wide lock; a Running job's pass never waits for another's plan."""
-    from topotrain.handlers_jobs import JobLoop, WatchLook, WouldPlan
+    from topotrain.controller.loop import JobLoop, WatchLook, WouldPlan
 
     from tests.unit.test_ownership import SPEC as GANG
     from tests.unit.test_ownership import job_pod, node
@@ -156,7 +156,7 @@ def test_a_locked_decision_reserves_its_launch_unless_the_store_is_stale() -> No
     """Under the plan lock, one hop to the planner's own thread decides and records the launch's
     pods in the ledger; a launch of a job with a checkpoint store whose view is not fresh reserves
     nothing (the store is read again and the decision retaken)."""
-    from topotrain.handlers_jobs import JobLoop, WatchLook
+    from topotrain.controller.loop import JobLoop, WatchLook
 
     from tests.unit.test_ownership import SPEC as GANG
     from tests.unit.test_ownership import node

@@ -14,8 +14,8 @@ from typing import Any
 import yaml
 
 from topotrain import GROUP, KIND, PLURAL, VERSION
-from topotrain.api import CRD_PARALLELISM_RULES, CRD_SPEC_RULES, TrainingJobSpec
-from topotrain.status import TrainingJobStatus
+from topotrain.api.spec import CRD_PARALLELISM_RULES, CRD_SPEC_RULES, TrainingJobSpec
+from topotrain.api.status import TrainingJobStatus
 
 CRD_FILENAME = f"{GROUP}_{PLURAL}.yaml"
 NAME_RULE = {

@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from topotrain import GROUP, KIND, VERSION, degrees
-from topotrain.api_pod import (
+from topotrain.api.pod import (
     ANNOTATIONS_RULE,
     LABELS_RULE,
     MAX_METADATA,
@@ -37,8 +37,8 @@ from topotrain.api_pod import (
     cel,
     volume_problems,
 )
+from topotrain.api.status import TrainingJobStatus
 from topotrain.contract import DEFAULT_METRICS_PORT, RANK_ORDERS, RESERVED
-from topotrain.status import TrainingJobStatus
 
 RankOrder = Literal["tp-pp-dp", "tp-dp-pp"]
 Requirement = Literal["Required", "Preferred"]

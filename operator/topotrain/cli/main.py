@@ -10,7 +10,7 @@ from topotrain import __version__
 
 
 def _crd(args: argparse.Namespace) -> int:
-    from topotrain.crd import CRD_FILENAME, render_crd
+    from topotrain.api.crd import CRD_FILENAME, render_crd
 
     text = render_crd()
     if args.output == "-":
@@ -41,14 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     crd.set_defaults(func=_crd)
 
     try:
-        from topotrain.cli_plan import add_plan_parser
+        from topotrain.cli.plan import add_plan_parser
     except ImportError:  # pragma: no cover - only while the planner is being written
         pass
     else:
         add_plan_parser(sub)
 
     try:
-        from topotrain.main import add_run_parser
+        from topotrain.controller.main import add_run_parser
     except ImportError:  # pragma: no cover
         pass
     else:

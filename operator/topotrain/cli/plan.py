@@ -22,7 +22,7 @@ import yaml
 from topotrain.contract import rank_coords
 from topotrain.placement import GangRequest, Plan, plan
 from topotrain.placement.svg import render
-from topotrain.topology import Inventory, TopologyLevels
+from topotrain.placement.topology import Inventory, TopologyLevels
 
 JOB_LABEL = "topotrain.io/job"  # the label the operator puts on a job's pods
 
@@ -102,7 +102,7 @@ def _inventory(
 
 def load_job(path: Path) -> tuple[str, Any]:
     """(name, validated TrainingJobSpec) from a manifest file."""
-    from topotrain.api import TrainingJobSpec, validate_manifest
+    from topotrain.api.spec import TrainingJobSpec, validate_manifest
 
     doc = _load_yaml(path)
     if not isinstance(doc, dict):

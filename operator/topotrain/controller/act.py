@@ -16,11 +16,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from topotrain.api import TrainingJobSpec
+from topotrain.api.spec import TrainingJobSpec
 from topotrain.contract import CHECKPOINT_REQUEST
-from topotrain.kube import Kube
-from topotrain.kueue import TAS_POD_ANNOTATION
-from topotrain.manifests import (
+from topotrain.controller.kube import Kube
+from topotrain.controller.settings import Settings
+from topotrain.controller.snapshot import JobKey, Ledger
+from topotrain.core.kueue import TAS_POD_ANNOTATION
+from topotrain.core.manifests import (
     JobMeta,
     PodPlan,
     network_policy,
@@ -30,10 +32,8 @@ from topotrain.manifests import (
     restart_in_place_patch,
     service,
 )
-from topotrain.ownership import ForeignObject
-from topotrain.reconcile import Decision, Launch
-from topotrain.settings import Settings
-from topotrain.snapshot import JobKey, Ledger
+from topotrain.core.ownership import ForeignObject
+from topotrain.core.reconcile import Decision, Launch
 
 log = logging.getLogger("topotrain.act")
 RELEASED_MEMORY = 60.0  # seconds a released pod is not released again (a repeat would be a 422)

@@ -28,9 +28,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from topotrain.manifests import JOB_LABEL, NODE_ANNOTATION
-from topotrain.ownership import controller_owner
-from topotrain.topology import (
+from topotrain.core.manifests import JOB_LABEL, NODE_ANNOTATION
+from topotrain.core.ownership import controller_owner
+from topotrain.placement.topology import (
     BLOCKING_EFFECTS,
     TERMINAL_PHASES,
     UNLABELLED,

@@ -22,12 +22,12 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from topotrain import GROUP, PLURAL, VERSION
+from topotrain.api.status import Reason
 from topotrain.contract import ACCESS_KEY_ID, SECRET_ACCESS_KEY
-from topotrain.kueue import KUEUE_GROUP, KUEUE_VERSION
-from topotrain.manifests import FIELD_OWNER, parse_rank_table, rank_table_name
-from topotrain.ownership import ForeignObject, controller_owner, foreign_message, owned_by
-from topotrain.reconcile import RankTable
-from topotrain.status import Reason
+from topotrain.core.kueue import KUEUE_GROUP, KUEUE_VERSION
+from topotrain.core.manifests import FIELD_OWNER, parse_rank_table, rank_table_name
+from topotrain.core.ownership import ForeignObject, controller_owner, foreign_message, owned_by
+from topotrain.core.reconcile import RankTable
 
 log = logging.getLogger("topotrain.kube")
 WORKERS = 16  # parallel pod creates/deletes: a 512-pod gang in well under a second

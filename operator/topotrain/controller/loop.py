@@ -24,28 +24,28 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from topotrain import reconcile as rec
-from topotrain.api import TrainingJobSpec
-from topotrain.fleet import Fleet
-from topotrain.handlers_act import Actuator
-from topotrain.handlers_observe import Observer
-from topotrain.handlers_queue import QueueLink, QueueView, queue_name
-from topotrain.kube import Kube
-from topotrain.kueue import within_assignment
-from topotrain.manifests import template_hash
-from topotrain.metrics import METRICS
-from topotrain.planning import PlacementPlanner, Planner, PlanOutcome
-from topotrain.policy import avoided_nodes
-from topotrain.reconcile_status import CheckpointView, StatusBuilder, iso
-from topotrain.settings import Settings
-from topotrain.snapshot import Ghosts, JobKey, Ledger, Snapshot, job_of
-from topotrain.status import (
+from topotrain.api.spec import TrainingJobSpec
+from topotrain.api.status import (
     ConditionType,
     Reason,
     ResumedFromStatus,
     TrainingJobStatus,
     set_condition,
 )
+from topotrain.controller.act import Actuator
+from topotrain.controller.fleet import Fleet
+from topotrain.controller.kube import Kube
+from topotrain.controller.metrics import METRICS
+from topotrain.controller.observe import Observer
+from topotrain.controller.queue_link import QueueLink, QueueView, queue_name
+from topotrain.controller.settings import Settings
+from topotrain.controller.snapshot import Ghosts, JobKey, Ledger, Snapshot, job_of
+from topotrain.core import reconcile as rec
+from topotrain.core.kueue import within_assignment
+from topotrain.core.manifests import template_hash
+from topotrain.core.planning import PlacementPlanner, Planner, PlanOutcome
+from topotrain.core.policy import avoided_nodes
+from topotrain.core.reconcile_status import CheckpointView, StatusBuilder, iso
 
 log = logging.getLogger("topotrain.jobs")
 

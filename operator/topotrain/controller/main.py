@@ -16,16 +16,17 @@ from typing import Any
 
 import kopf
 
-from topotrain import GROUP, KIND, PLURAL, VERSION, kopf_readiness
-from topotrain.fleet import Fleet
-from topotrain.handlers_jobs import JobLoop, Operator, node_entries, pod_entries
-from topotrain.health import HealthServer, LoopHealth
-from topotrain.kube import PASS_THREADS, Kube, load_config
-from topotrain.kueue import KUEUE_GROUP, KUEUE_VERSION
-from topotrain.metrics import METRICS
-from topotrain.ownership import controller_owner
-from topotrain.settings import Settings, SettingsError, add_arguments
-from topotrain.snapshot import job_of, requests_gpus, slim_node, slim_pod
+from topotrain import GROUP, KIND, PLURAL, VERSION
+from topotrain.controller import kopf_readiness
+from topotrain.controller.fleet import Fleet
+from topotrain.controller.health import HealthServer, LoopHealth
+from topotrain.controller.kube import PASS_THREADS, Kube, load_config
+from topotrain.controller.loop import JobLoop, Operator, node_entries, pod_entries
+from topotrain.controller.metrics import METRICS
+from topotrain.controller.settings import Settings, SettingsError, add_arguments
+from topotrain.controller.snapshot import job_of, requests_gpus, slim_node, slim_pod
+from topotrain.core.kueue import KUEUE_GROUP, KUEUE_VERSION
+from topotrain.core.ownership import controller_owner
 
 log = logging.getLogger("topotrain")
 SETTINGS: Settings = Settings.from_env()

@@ -18,7 +18,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from topotrain.api import TrainingJobSpec
+from topotrain.api.spec import TrainingJobSpec
+from topotrain.api.status import TrainingJobStatus
 from topotrain.checkpoints import (
     CheckpointStore,
     CommittedCheckpoint,
@@ -27,20 +28,19 @@ from topotrain.checkpoints import (
     job_prefix,
     operator_store,
 )
-from topotrain.kube import Kube, SecretProblem
-from topotrain.ownership import (
+from topotrain.controller.kube import Kube, SecretProblem
+from topotrain.controller.settings import Settings
+from topotrain.controller.snapshot import JobKey
+from topotrain.core.ownership import (
     ForeignObject,
     ResumePolicy,
     claim_checkpoints,
     controller_owner,
     owned_by,
 )
-from topotrain.planned import pending
-from topotrain.reconcile import RankTable
-from topotrain.reconcile_status import CheckpointView
-from topotrain.settings import Settings
-from topotrain.snapshot import JobKey
-from topotrain.status import TrainingJobStatus
+from topotrain.core.planned import pending
+from topotrain.core.reconcile import RankTable
+from topotrain.core.reconcile_status import CheckpointView
 
 log = logging.getLogger("topotrain.observe")
 Problem = tuple[str, str] | None

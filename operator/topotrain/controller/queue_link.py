@@ -31,14 +31,14 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from topotrain import kueue
-from topotrain.api import TrainingJobSpec
-from topotrain.kube import Kube, api_message
-from topotrain.ownership import controller_owner, owned_by
-from topotrain.reconcile import QueueGate
-from topotrain.reconcile_status import iso
-from topotrain.snapshot import JobKey
-from topotrain.topology import TopologyLevels
+from topotrain.api.spec import TrainingJobSpec
+from topotrain.controller.kube import Kube, api_message
+from topotrain.controller.snapshot import JobKey
+from topotrain.core import kueue
+from topotrain.core.ownership import controller_owner, owned_by
+from topotrain.core.reconcile import QueueGate
+from topotrain.core.reconcile_status import iso
+from topotrain.placement.topology import TopologyLevels
 
 log = logging.getLogger("topotrain.queue")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from topotrain.contract import DEFAULT_MASTER_PORT
-from topotrain.topology import TopologyLevels
+from topotrain.placement.topology import TopologyLevels
 
 RecoveryStrategy = Literal["incremental", "recreate"]
 RECOVERY_STRATEGIES: tuple[RecoveryStrategy, ...] = ("incremental", "recreate")

@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from topotrain.api.status import Reason
 from topotrain.contract import CHECKPOINT_REQUEST
-from topotrain.fleet import Fleet
-from topotrain.manifests import (
+from topotrain.controller.fleet import Fleet
+from topotrain.core.manifests import (
     ATTEMPT_LABEL,
     GANG_GATE,
     INDEX_LABEL,
@@ -28,10 +29,9 @@ from topotrain.manifests import (
     RESUME_ANNOTATION,
     TEMPLATE_ANNOTATION,
 )
-from topotrain.ownership import controller_owner, foreign_message, owned_by
-from topotrain.policy import NodeView, PodView
-from topotrain.status import Reason
-from topotrain.topology import TERMINAL_PHASES, Inventory, TopologyLevels, pod_gpus
+from topotrain.core.ownership import controller_owner, foreign_message, owned_by
+from topotrain.core.policy import NodeView, PodView
+from topotrain.placement.topology import TERMINAL_PHASES, Inventory, TopologyLevels, pod_gpus
 
 JobKey = tuple[str, str]  # (namespace, name)
 LEDGER_TTL = 120.0  # seconds: a created pod the watch never showed is forgotten

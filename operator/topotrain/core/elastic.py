@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from topotrain.api import Parallelism
+from topotrain.api.spec import Parallelism
+from topotrain.api.status import Reason
 from topotrain.degrees import DataLimits, DegreeRule
-from topotrain.status import Reason
 
 
 def degree_fits_pods(par: Parallelism, data: int, gpus_per_pod: int) -> bool:

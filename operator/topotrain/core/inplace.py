@@ -26,9 +26,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from topotrain.manifests import pod_address, pod_name
-from topotrain.policy import Failure, NodeView, PodView
-from topotrain.status import Reason, TrainingJobStatus
+from topotrain.api.status import Reason, TrainingJobStatus
+from topotrain.core.manifests import pod_address, pod_name
+from topotrain.core.policy import Failure, NodeView, PodView
 
 IN_PLACE = "inPlace"
 REASONS = frozenset({Reason.POD_FAILED, Reason.PROGRESS_STALLED, Reason.POD_DELETED,

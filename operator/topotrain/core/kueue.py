@@ -37,13 +37,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from topotrain.api import TrainingJobSpec
+from topotrain.api.spec import TrainingJobSpec
+from topotrain.core.elastic import bounds, pods_for, valid_degrees
+from topotrain.core.manifests import CONTAINER, JobMeta, owner_reference
+from topotrain.core.reconcile import QueueGate
 from topotrain.degrees import limits_for
-from topotrain.elastic import bounds, pods_for, valid_degrees
-from topotrain.manifests import CONTAINER, JobMeta, owner_reference
 from topotrain.placement.request import GangRequest, Mesh
-from topotrain.reconcile import QueueGate
-from topotrain.topology import GPU_RESOURCE, Inventory, TopologyLevels
+from topotrain.placement.topology import GPU_RESOURCE, Inventory, TopologyLevels
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSION = "v1beta2"

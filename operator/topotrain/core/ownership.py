@@ -25,8 +25,8 @@ from datetime import datetime
 from typing import Any, Literal
 
 from topotrain import KIND
+from topotrain.api.status import Reason
 from topotrain.checkpoints import PrefixOwner
-from topotrain.status import Reason
 
 ResumePolicy = Literal["IfOwned", "Always"]
 Problem = tuple[str, str]  # (reason, message), as reconcile's Observed.config_problem

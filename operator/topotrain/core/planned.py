@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from topotrain import policy
-from topotrain.reconcile_status import CheckpointView, StatusBuilder, iso
-from topotrain.status import CheckpointRequestStatus, Reason
+from topotrain.api.status import CheckpointRequestStatus, Reason
+from topotrain.core import policy
+from topotrain.core.reconcile_status import CheckpointView, StatusBuilder, iso
 
 # Seconds a planned change waits for the checkpoint it asked for. The bundled trainer saves at
 # its next step boundary; a step plus a save of the testbed's models takes a few seconds, and a

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from topotrain import degrees, placement
-from topotrain.api import TrainingJobSpec
+from topotrain.api.spec import TrainingJobSpec
+from topotrain.api.status import Reason
 from topotrain.placement import GangRequest
-from topotrain.status import Reason
-from topotrain.topology import Inventory
+from topotrain.placement.topology import Inventory
 
 PlanMode = str  # "initial", "incremental" or "full"
 

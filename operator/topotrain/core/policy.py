@@ -39,9 +39,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal
 
-from topotrain.api import FailurePolicy
+from topotrain.api.spec import FailurePolicy
+from topotrain.api.status import NodeFailures, Reason, RestartBudgets
 from topotrain.contract import EXIT_STOPPED
-from topotrain.status import NodeFailures, Reason, RestartBudgets
 
 if TYPE_CHECKING:
     from topotrain.checkpoints import WorkerFailure

@@ -19,12 +19,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from topotrain import elastic, inplace, planned, policy
-from topotrain.api import TrainingJobSpec
-from topotrain.planning import Planner, PlanOutcome
-from topotrain.reconcile_status import REFUSAL_REASONS, CheckpointView, StatusBuilder, iso, parse
-from topotrain.status import ConditionType as C
-from topotrain.status import Reason, TrainingJobStatus
+from topotrain.api.spec import TrainingJobSpec
+from topotrain.api.status import ConditionType as C
+from topotrain.api.status import Reason, TrainingJobStatus
+from topotrain.core import elastic, inplace, planned, policy
+from topotrain.core.planning import Planner, PlanOutcome
+from topotrain.core.reconcile_status import (
+    REFUSAL_REASONS,
+    CheckpointView,
+    StatusBuilder,
+    iso,
+    parse,
+)
 
 CHECKPOINT_UNAVAILABLE = Reason.STORE_UNAVAILABLE
 WAIT_SHORT = 2.0  # seconds: something in flight that no watch event announces

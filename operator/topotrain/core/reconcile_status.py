@@ -12,20 +12,8 @@ from collections.abc import Set
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from topotrain import elastic
-from topotrain.api import FailurePolicy, Parallelism
-from topotrain.checkpoints import AttemptStart, WorkerFailure
-from topotrain.degrees import REASON as DEGREE_NOT_ALLOWED
-from topotrain.planning import PlanOutcome
-from topotrain.policy import (
-    APPLICATION,
-    Failure,
-    RestartDecision,
-    avoided_nodes,
-    record_node_failures,
-    used_budgets,
-)
-from topotrain.status import (
+from topotrain.api.spec import FailurePolicy, Parallelism
+from topotrain.api.status import (
     CheckpointStatus,
     CurrentParallelism,
     FailureRecord,
@@ -37,7 +25,19 @@ from topotrain.status import (
     TrainingJobStatus,
     set_condition,
 )
-from topotrain.status import ConditionType as C
+from topotrain.api.status import ConditionType as C
+from topotrain.checkpoints import AttemptStart, WorkerFailure
+from topotrain.core import elastic
+from topotrain.core.planning import PlanOutcome
+from topotrain.core.policy import (
+    APPLICATION,
+    Failure,
+    RestartDecision,
+    avoided_nodes,
+    record_node_failures,
+    used_budgets,
+)
+from topotrain.degrees import REASON as DEGREE_NOT_ALLOWED
 
 NORMAL, WARNING = "Normal", "Warning"
 

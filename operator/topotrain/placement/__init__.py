@@ -2,6 +2,12 @@
 
     from topotrain.placement import GangRequest, plan
     result = plan(GangRequest.from_spec(spec), Inventory.from_snapshot(nodes, pods))
+
+`topology.py` builds the inventory the planner works on (pools, the topology tree, free
+GPUs) from nodes and pods; `request.py` turns a spec into a gang and its mesh; `planner.py`
+lists the planner's steps; `recovery.py` re-plans after failures and for shrinks. This
+package imports only `api` and the shared top-level modules, never `core`, `controller` or
+`cli` (the import-linter contract in pyproject.toml).
 """
 
 from topotrain.placement.cost import LEVELS, WEIGHTS, Cost, DomainIndex, evaluate

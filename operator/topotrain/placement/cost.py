@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from topotrain.placement.request import Mesh
-from topotrain.topology import NodeInfo
+from topotrain.placement.topology import NodeInfo
 
 LEVELS = ("nvlink", "rack", "block")
 WEIGHTS = (1, 4, 16)

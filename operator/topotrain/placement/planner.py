@@ -24,7 +24,7 @@ from topotrain.placement.model import Plan
 from topotrain.placement.reasons import capacity_reason, pods_reason, racked_reason
 from topotrain.placement.request import GangRequest, Mesh
 from topotrain.placement.search import FULL_NEIGHBOURHOOD, improve
-from topotrain.topology import Inventory, NodeInfo
+from topotrain.placement.topology import Inventory, NodeInfo
 
 SEARCH_BUDGET_LARGE = 3000
 SEARCH_BUDGET_SMALL = 200_000

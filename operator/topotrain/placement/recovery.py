@@ -16,7 +16,7 @@ from topotrain.placement.fill import Tree
 from topotrain.placement.model import Plan
 from topotrain.placement.planner import PoolView, finish, plan
 from topotrain.placement.request import GangRequest, Mesh, RequestError
-from topotrain.topology import Inventory
+from topotrain.placement.topology import Inventory
 
 Mode = Literal["incremental", "full"]
 

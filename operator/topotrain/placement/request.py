@@ -11,7 +11,7 @@ from topotrain.contract import RANK_ORDERS, rank_coords, rank_of
 from topotrain.degrees import DataLimits, DegreeRule, limits_for
 
 if TYPE_CHECKING:
-    from topotrain.api import TrainingJobSpec
+    from topotrain.api.spec import TrainingJobSpec
 
 Requirement = Literal["Required", "Preferred"]
 REQUIREMENTS = ("Required", "Preferred")
@@ -101,7 +101,7 @@ class GangRequest:
     @classmethod
     def from_dict(cls, spec: Mapping[str, Any]) -> GangRequest:
         """From a camelCase TrainingJob `spec` dict (validated through the API model)."""
-        from topotrain.api import TrainingJobSpec
+        from topotrain.api.spec import TrainingJobSpec
 
         return cls.from_spec(TrainingJobSpec.model_validate(dict(spec)))
 

@@ -12,7 +12,7 @@ from html import escape
 from topotrain.contract import rank_coords
 from topotrain.placement.model import Plan
 from topotrain.placement.request import GangRequest
-from topotrain.topology import NodeInfo
+from topotrain.placement.topology import NodeInfo
 
 GPU = 9  # px per GPU square
 GAP = 2
