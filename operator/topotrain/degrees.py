@@ -18,8 +18,11 @@ states its constraint with rules 2 and 3.
 
 Planning, elastic shrink and grow, the `topotrain plan` CLI, the CRD's CEL rules
 (`CRD_*_RULES` below) and the bundled trainer (`topotrain_trainer.config`) all
-read this module, so they cannot disagree. Pure: no pydantic, no Kubernetes
-client, no torch (the trainer image imports it).
+read this module, so they cannot disagree. It works on plain numbers (tensor,
+pipeline, gpusPerPod, the data limits and batch settings); the operator reads
+them off a spec with `topotrain.api.validation` (`degree_rule`, `limits_for`,
+`spec_problems`). Pure: no pydantic, no Kubernetes client, no torch, nothing
+else of this package (the trainer image imports it).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from topotrain.api.spec import TrainingJobSpec
+    pass
 
 # The bundled trainer's defaults (topotrain_trainer.config.TrainingConfig uses these).
 DEFAULT_GLOBAL_BATCH = 16
@@ -144,48 +147,6 @@ class DegreeRule:
         hint = f"; allowed degrees near it: {', '.join(map(str, near))}" if near else ""
         return f"no allowed data degree in [{low}, {high}] (at data={high}: {why}){hint}"
 
-    @classmethod
-    def for_spec(cls, spec: TrainingJobSpec) -> DegreeRule:
-        par = spec.parallelism
-        return cls(par.tensor, par.pipeline, spec.worker.gpus_per_pod, limits_for(spec))
-
-
-def limits_for(spec: TrainingJobSpec) -> DataLimits:
-    """The limits `spec` states (batch values that are not positive integers are ignored here;
-    `spec_problems` reports them)."""
-    par = spec.parallelism
-    try:
-        batch = BatchRule.from_training(spec.training, par.pipeline)
-    except ValueError:
-        batch = None
-    return DataLimits(par.data_multiple or 1, tuple(par.allowed_data or ()), batch)
-
-
-def spec_problems(spec: TrainingJobSpec) -> list[str]:
-    """Each way `spec` asks for a data degree that can never run, naming the field; [] if none.
-
-    For a spec stored before the rule (or one CEL cannot see, e.g. snake_case training keys):
-    the reconciler reports these in `ConfigValid=False` (reason `REASON`) and planning still
-    chooses only allowed degrees in [minData, data].
-    """
-    par = spec.parallelism
-    try:
-        BatchRule.from_training(spec.training, par.pipeline)
-    except ValueError as exc:
-        return [str(exc)]
-    rule = DegreeRule.for_spec(spec)
-    problems = []
-    fields = [("data", par.data)] + ([("minData", par.min_data)] if par.min_data is not None else [])
-    for name, value in fields:
-        why = rule.problem(value)
-        if why is not None:
-            near = rule.nearest(value)
-            hint = f"; nearest allowed: {', '.join(map(str, near))}" if near else ""
-            problems.append(
-                f"spec.parallelism.{name}={value} is not an allowed data degree: {why}{hint}"
-            )
-    return problems
-
 
 def _camel(key: str) -> str:
     head, *rest = key.split("_")
@@ -199,9 +160,9 @@ def _positive(values: Mapping[str, Any], key: str, default: int) -> int:
     return value
 
 
-# --- the same rule in CEL, for the CRD (api.py adds these; crd.py generates) -----------------
+# --- the same rule in CEL, for the CRD (api/validation.py adds these; api/crd.py generates) ----
 # CEL sees only declared fields, so the CRD declares training.globalBatch, microBatch and
-# schedule (api.TRAINING_SCHEMA) while still preserving unknown keys.
+# schedule (api.spec.TRAINING_SCHEMA) while still preserving unknown keys.
 
 def _spec_rules(name: str) -> list[dict[str, str]]:
     """The batch rule for `spec.parallelism.<name>` in CEL (self: the spec).

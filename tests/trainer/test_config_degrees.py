@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from topotrain import degrees
 from topotrain.api.spec import TrainingJobSpec
+from topotrain.api.validation import degree_rule
 from topotrain_trainer.config import ConfigError, TrainingConfig
 
 pytestmark = pytest.mark.trainer
@@ -42,7 +43,7 @@ def test_trainer_refuses_exactly_what_the_operator_never_plans(
         "image": "trainer:1", "worker": {"gpusPerPod": 1}, "training": training,
         "parallelism": {"tensor": 1, "pipeline": pipeline, "data": 32},
     })
-    rule = degrees.DegreeRule.for_spec(spec)
+    rule = degree_rule(spec)
     for data in range(1, 33):
         try:
             config.check_mesh(1, pipeline, data)

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 import yaml
-from topotrain.api.spec import TrainingJobSpec, validate_manifest
+from topotrain.api.spec import TrainingJobSpec
+from topotrain.api.validation import validate_manifest
 
 from tests.example_manifests import INVALID, VALID, expectation
 

@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 import yaml
-from topotrain.api.spec import TrainingJobSpec, validate_manifest
-from topotrain.degrees import REASON, BatchRule, DataLimits, DegreeRule, limits_for, spec_problems
+from topotrain.api.spec import TrainingJobSpec
+from topotrain.api.validation import degree_rule, limits_for, spec_problems, validate_manifest
+from topotrain.degrees import REASON, BatchRule, DataLimits, DegreeRule
 
 from tests.example_manifests import ROOT
 
@@ -51,7 +52,7 @@ def spec(parallelism: dict[str, Any], training: dict[str, Any] | None = None,
 )
 def test_allowed_degrees(parallelism: dict[str, Any], training: dict[str, Any] | None,
                          gpus_per_pod: int, low: int, high: int, allowed: list[int]) -> None:
-    rule = DegreeRule.for_spec(spec(parallelism, training, gpus_per_pod))
+    rule = degree_rule(spec(parallelism, training, gpus_per_pod))
     assert rule.degrees(low, high) == allowed
 
 
@@ -103,7 +104,7 @@ def test_spec_problems_for_the_elastic_example(parallelism: dict[str, Any], expe
 
 
 def test_explain_says_why_no_degree_in_range_can_run() -> None:
-    rule = DegreeRule.for_spec(spec({"tensor": 4, "pipeline": 2, "data": 3}, {"globalBatch": 64}, 4))
+    rule = degree_rule(spec({"tensor": 4, "pipeline": 2, "data": 3}, {"globalBatch": 64}, 4))
     assert rule.degrees(3, 3) == []
     assert rule.explain(3, 3) == (
         "no allowed data degree in [3, 3] (at data=3: training.globalBatch=64 must be a multiple of "

@@ -9,9 +9,10 @@ import yaml
 from test_placement_support import node
 from topotrain.api.spec import Parallelism, TrainingJobSpec
 from topotrain.api.status import Reason
+from topotrain.api.validation import degree_rule, limits_for
 from topotrain.core.elastic import bounds, resize_kind, resize_request, valid_degrees
 from topotrain.core.planning import PlacementPlanner
-from topotrain.degrees import REASON, DegreeRule, limits_for
+from topotrain.degrees import REASON
 from topotrain.placement.topology import Inventory
 
 from tests.example_manifests import ROOT
@@ -95,7 +96,7 @@ def test_recovery_replan_after_a_node_loss_shrinks_to_2_not_3() -> None:
 
 def test_growing_back_skips_a_degree_the_trainer_rejects() -> None:
     spec = elastic_spec()
-    rule = DegreeRule.for_spec(spec)
+    rule = degree_rule(spec)
     request = resize_request(spec.parallelism, 2, rule)
     assert request is not None and (request.low, request.high) == (3, 4)
     planner = PlacementPlanner(spec, Inventory.from_snapshot(h100(7), []))
@@ -106,7 +107,7 @@ def test_growing_back_skips_a_degree_the_trainer_rejects() -> None:
 def test_no_resize_is_asked_for_when_no_allowed_degree_lies_that_way() -> None:
     """A spec stored before the rule at data=3, running at 2: nothing to grow to."""
     spec = elastic_spec(data=3)
-    assert resize_request(spec.parallelism, 2, DegreeRule.for_spec(spec)) is None
+    assert resize_request(spec.parallelism, 2, degree_rule(spec)) is None
     assert resize_request(spec.parallelism, 2) is not None  # without the rule, it would ask
 
 

@@ -1,4 +1,8 @@
-"""The parts of the pod template a TrainingJob passes through: volumes, mounts, pod metadata.
+"""The pod-template part of a TrainingJob: the worker, and what it passes through as given.
+
+`WorkerSpec` says how each pod of the gang looks and where it may run: GPUs per pod,
+pools, resources, tolerations, the security context, its environment (`EnvVar`: never a
+variable of the operator->trainer contract), volumes, mounts and pod metadata.
 
 Volumes and volume mounts are core/v1 objects taken as given; only the fields
 the rules read are declared, every other key is kept (a free-form object with
@@ -6,21 +10,21 @@ a required name). The rules keep a job's additions clear of what the operator
 owns: its own volumes and their mount points (contract.SHM_VOLUME and
 CONTROL_VOLUME) and the labels and annotations it sets on pods (the
 `topotrain.io/` prefix, `app.kubernetes.io/managed-by`). As in
-`topotrain.api`, each rule is CEL in the CRD and Python here.
+`topotrain.api.spec`, each rule is CEL in the CRD and Python here.
 
-It also holds what both API modules build on (`WireModel`, `cel`): `topotrain.api`
-imports this module, so they live here, once.
+It also holds what every API module builds on (`WireModel`, `cel`, `IMMUTABLE`, the
+list limits): `topotrain.api.spec` imports this module, so they live here, once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
 from topotrain import GROUP
-from topotrain.contract import CONTROL_DIR, CONTROL_VOLUME, SHM_DIR, SHM_VOLUME
+from topotrain.contract import CONTROL_DIR, CONTROL_VOLUME, RESERVED, SHM_DIR, SHM_VOLUME
 
 RESERVED_VOLUMES = (SHM_VOLUME, CONTROL_VOLUME)
 RESERVED_MOUNTS = (SHM_DIR, CONTROL_DIR)
@@ -169,3 +173,188 @@ def volume_problems(volumes: list[Volume], mounts: list[VolumeMount]) -> list[st
                             "has it)")
         paths.setdefault(mount.mount_path, i)
     return problems
+
+
+# --- the worker: how each pod of the gang looks and where it may run -----------------------
+
+Quantity = Annotated[
+    int | str,
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}),
+]
+FreeForm = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
+
+IMMUTABLE = [{"rule": "self == oldSelf", "message": "is immutable after creation"}]
+MAX_ENV = 128
+MAX_LIST = 64
+
+
+class EnvVar(WireModel):
+    """An environment variable for the trainer container."""
+
+    name: str = Field(..., min_length=1, max_length=256, description="Variable name.")
+    value: str | None = Field(None, description="Literal value.")
+    value_from: FreeForm | None = Field(
+        None, alias="valueFrom", description="A core/v1 EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, ...)."
+    )
+
+
+_RESERVED_LIST = ", ".join(f"'{name}'" for name in sorted(RESERVED))
+ENV_RULE = {
+    "rule": f"self.all(e, !(e.name in [{_RESERVED_LIST}]))",
+    "message": "must not set a variable of the operator->trainer contract (TOPOTRAIN_*, MASTER_*, "
+    "NNODES, NODE_RANK, NPROC_PER_NODE, WORLD_SIZE); the operator sets those",
+}
+
+
+def _no_reserved(env: list[EnvVar]) -> list[EnvVar]:
+    clashes = sorted({e.name for e in env} & RESERVED)
+    if clashes:
+        raise ValueError(f"{ENV_RULE['message']}: {', '.join(clashes)}")
+    return env
+
+
+EnvList = Annotated[list[EnvVar], AfterValidator(_no_reserved)]
+
+
+class Toleration(WireModel):
+    """A core/v1 Toleration."""
+
+    key: str | None = Field(None, description="Taint key the toleration applies to; empty matches all keys.")
+    operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal (default Equal).")
+    value: str | None = Field(None, description="Taint value the toleration matches (operator Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect to match; empty matches all effects."
+    )
+    toleration_seconds: int | None = Field(
+        None, alias="tolerationSeconds", description="How long a NoExecute taint is tolerated."
+    )
+
+
+class Resources(WireModel):
+    """Extra container resources. The operator adds `nvidia.com/gpu: gpusPerPod` itself."""
+
+    requests: dict[str, Quantity] | None = Field(None, description="Resource requests, e.g. cpu, memory.")
+    limits: dict[str, Quantity] | None = Field(None, description="Resource limits.")
+
+
+PodSecurity = Literal["Restricted", "Unrestricted"]
+TRAINER_UID = 10001  # the bundled trainer image's user (trainer_image/Dockerfile)
+SECURITY_CONTEXT_RULE = {
+    "rule": "!has(self.securityContext) || self.podSecurity == 'Unrestricted'",
+    "message": "securityContext requires podSecurity: Unrestricted (Restricted pods get the "
+    "operator's restricted securityContext)",
+    "fieldPath": ".securityContext",
+}
+
+
+class WorkerSpec(WireModel):
+    """How each pod of the gang looks and where it may run."""
+
+    model_config = ConfigDict(json_schema_extra=cel(SECURITY_CONTEXT_RULE, MOUNT_VOLUME_RULE))
+
+    gpus_per_pod: int = Field(
+        8, alias="gpusPerPod", ge=1, le=64,
+        description="GPUs (ranks) per pod; pods = tensor*pipeline*data / gpusPerPod. Immutable.",
+        json_schema_extra=cel(*IMMUTABLE),
+    )
+    gpu_types: list[str] = Field(
+        default_factory=list, alias="gpuTypes", max_length=MAX_LIST,
+        description="Acceptable GPU pools (values of the node label nvidia.com/gpu.product), in "
+        "preference order. Empty: any pool.",
+        json_schema_extra={"default": []},
+    )
+    resources: Resources | None = Field(None, description="Extra container resources (cpu, memory, ...).")
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=MAX_LIST, description="Tolerations added to every pod.",
+        json_schema_extra={"default": []},
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, alias="nodeSelector", description="Nodes must carry these labels.",
+        json_schema_extra={"default": {}},
+    )
+    service_account_name: str | None = Field(
+        None, alias="serviceAccountName", description="ServiceAccount the training pods run as."
+    )
+    priority_class_name: str | None = Field(
+        None, alias="priorityClassName", description="PriorityClass of the training pods."
+    )
+    pod_security: PodSecurity = Field(
+        "Restricted", alias="podSecurity",
+        description="Restricted (default): the pods pass the `restricted` Pod Security Standard: "
+        "they run as runAsUser (never root), without privilege escalation, with every capability "
+        "dropped and the RuntimeDefault seccomp profile. Unrestricted: the operator sets no "
+        "securityContext but worker.securityContext, so the image's own user (root included) "
+        "applies; for images that need root or extra capabilities.",
+    )
+    run_as_user: int = Field(
+        TRAINER_UID, alias="runAsUser", ge=1, le=2147483647,
+        description="UID and GID the trainer runs as under podSecurity Restricted. Default 10001, "
+        "the bundled trainer image's user.",
+    )
+    security_context: FreeForm | None = Field(
+        None, alias="securityContext",
+        description="A core/v1 container SecurityContext used as given under podSecurity "
+        "Unrestricted (for example capabilities.add [IPC_LOCK] for RDMA). Rejected under Restricted.",
+    )
+    automount_service_account_token: bool = Field(
+        False, alias="automountServiceAccountToken",
+        description="Mount the ServiceAccount's API token into the pods. Default false: the "
+        "bundled trainer never calls the Kubernetes API.",
+    )
+    shm_size: Quantity | None = Field(
+        None, alias="shmSize",
+        description="Size limit of /dev/shm, a memory-backed emptyDir counted against the pod's "
+        "memory. Default: no limit of its own (bounded by the pod's memory limit).",
+    )
+    env: EnvList = Field(
+        default_factory=list, max_length=MAX_ENV, description="Environment added to the trainer container.",
+        json_schema_extra={"default": [], **cel(ENV_RULE)},
+    )
+    # The pass-through fields below default to None, not []: a job that sets none of them keeps
+    # its template_hash across an operator upgrade, so its gang does not roll.
+    volumes: list[Volume] | None = Field(
+        None, max_length=MAX_LIST,
+        description="core/v1 Volumes added to every pod after the operator's own (dshm at "
+        "/dev/shm, topotrain-control at /etc/topotrain). Names are unique.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    volume_mounts: list[VolumeMount] | None = Field(
+        None, alias="volumeMounts", max_length=MAX_LIST,
+        description="core/v1 VolumeMounts added to the trainer container, each of a volume of "
+        "worker.volumes. Mount paths are unique.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["mountPath"]},
+    )
+    image_pull_secrets: list[Annotated[str, Field(min_length=1, max_length=253)]] | None = Field(
+        None, alias="imagePullSecrets", max_length=MAX_LIST,
+        description="Names of Secrets in the job's namespace to pull the image with.",
+    )
+    labels: PodLabels | None = Field(
+        None, max_length=MAX_METADATA,
+        description="Labels added to every pod; not topotrain.io/ keys or "
+        "app.kubernetes.io/managed-by (the operator's).",
+        json_schema_extra=cel(LABELS_RULE),
+    )
+    annotations: PodAnnotations | None = Field(
+        None, max_length=MAX_METADATA,
+        description="Annotations added to every pod; not topotrain.io/ keys (the operator's).",
+        json_schema_extra=cel(ANNOTATIONS_RULE),
+    )
+
+    @model_validator(mode="after")
+    def _security_context_needs_unrestricted(self) -> WorkerSpec:
+        if self.security_context is not None and self.pod_security != "Unrestricted":
+            raise ValueError(
+                "spec.worker.securityContext requires spec.worker.podSecurity: Unrestricted "
+                f"(it is {self.pod_security})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _mounts_name_volumes(self) -> WorkerSpec:
+        problems = volume_problems(self.volumes or [], self.volume_mounts or [])
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self

@@ -2,56 +2,42 @@
 
 These models are the single source of truth: `topotrain crd` generates the
 CRD's OpenAPI schema from them, and every rule the API server can check is
-also enforced here (as CEL in the CRD, as validators in Python; the
-allowed-data-degree rule of `topotrain.degrees` in `validate_manifest`), so a
-spec that passes one passes the other. Aliases are the camelCase wire names.
-The parts of the pod template passed through as given (volumes, mounts, pod
-labels and annotations) and their rules live in `topotrain.api_pod`.
+also enforced here (as CEL in the CRD, as validators in Python; the spec-level
+rules and the allowed-data-degree rule of `topotrain.degrees` in
+`topotrain.api.validation`), so a spec that passes one passes the other.
+Aliases are the camelCase wire names. The worker (the pod template: volumes,
+mounts, pod labels and annotations passed through as given) and its rules live
+in `topotrain.api.pod`.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator,
     ConfigDict,
     Field,
-    ValidationError,
     WithJsonSchema,
     model_validator,
 )
 
 from topotrain import GROUP, KIND, VERSION, degrees
 from topotrain.api.pod import (
-    ANNOTATIONS_RULE,
-    LABELS_RULE,
-    MAX_METADATA,
-    MOUNT_VOLUME_RULE,
-    PodAnnotations,
-    PodLabels,
-    Volume,
-    VolumeMount,
+    ENV_RULE,
+    IMMUTABLE,
+    MAX_ENV,
+    MAX_LIST,
+    EnvList,
     WireModel,
+    WorkerSpec,
     cel,
-    volume_problems,
 )
 from topotrain.api.status import TrainingJobStatus
-from topotrain.contract import DEFAULT_METRICS_PORT, RANK_ORDERS, RESERVED
+from topotrain.contract import DEFAULT_METRICS_PORT, RANK_ORDERS
 
 RankOrder = Literal["tp-pp-dp", "tp-dp-pp"]
 Requirement = Literal["Required", "Preferred"]
 assert set(RANK_ORDERS) == {"tp-pp-dp", "tp-dp-pp"}
-
-Quantity = Annotated[
-    int | str,
-    WithJsonSchema({"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}),
-]
-FreeForm = Annotated[
-    dict[str, Any],
-    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
-]
 
 TRAINING_SCHEMA: dict[str, Any] = {
     "type": "object", "x-kubernetes-preserve-unknown-fields": True,
@@ -71,10 +57,6 @@ TRAINING_SCHEMA: dict[str, Any] = {
     },
 }
 TrainingFreeForm = Annotated[dict[str, Any], WithJsonSchema(TRAINING_SCHEMA)]
-
-IMMUTABLE = [{"rule": "self == oldSelf", "message": "is immutable after creation"}]
-MAX_ENV = 128
-MAX_LIST = 64
 
 
 class Parallelism(WireModel):
@@ -124,175 +106,6 @@ class Parallelism(WireModel):
     @property
     def world_size(self) -> int:
         return self.tensor * self.pipeline * self.data
-
-
-class EnvVar(WireModel):
-    """An environment variable for the trainer container."""
-
-    name: str = Field(..., min_length=1, max_length=256, description="Variable name.")
-    value: str | None = Field(None, description="Literal value.")
-    value_from: FreeForm | None = Field(
-        None, alias="valueFrom", description="A core/v1 EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, ...)."
-    )
-
-
-_RESERVED_LIST = ", ".join(f"'{name}'" for name in sorted(RESERVED))
-ENV_RULE = {
-    "rule": f"self.all(e, !(e.name in [{_RESERVED_LIST}]))",
-    "message": "must not set a variable of the operator->trainer contract (TOPOTRAIN_*, MASTER_*, "
-    "NNODES, NODE_RANK, NPROC_PER_NODE, WORLD_SIZE); the operator sets those",
-}
-
-
-def _no_reserved(env: list[EnvVar]) -> list[EnvVar]:
-    clashes = sorted({e.name for e in env} & RESERVED)
-    if clashes:
-        raise ValueError(f"{ENV_RULE['message']}: {', '.join(clashes)}")
-    return env
-
-
-EnvList = Annotated[list[EnvVar], AfterValidator(_no_reserved)]
-
-
-class Toleration(WireModel):
-    """A core/v1 Toleration."""
-
-    key: str | None = Field(None, description="Taint key the toleration applies to; empty matches all keys.")
-    operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal (default Equal).")
-    value: str | None = Field(None, description="Taint value the toleration matches (operator Equal).")
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
-        None, description="Taint effect to match; empty matches all effects."
-    )
-    toleration_seconds: int | None = Field(
-        None, alias="tolerationSeconds", description="How long a NoExecute taint is tolerated."
-    )
-
-
-class Resources(WireModel):
-    """Extra container resources. The operator adds `nvidia.com/gpu: gpusPerPod` itself."""
-
-    requests: dict[str, Quantity] | None = Field(None, description="Resource requests, e.g. cpu, memory.")
-    limits: dict[str, Quantity] | None = Field(None, description="Resource limits.")
-
-
-PodSecurity = Literal["Restricted", "Unrestricted"]
-TRAINER_UID = 10001  # the bundled trainer image's user (trainer_image/Dockerfile)
-SECURITY_CONTEXT_RULE = {
-    "rule": "!has(self.securityContext) || self.podSecurity == 'Unrestricted'",
-    "message": "securityContext requires podSecurity: Unrestricted (Restricted pods get the "
-    "operator's restricted securityContext)",
-    "fieldPath": ".securityContext",
-}
-
-
-class WorkerSpec(WireModel):
-    """How each pod of the gang looks and where it may run."""
-
-    model_config = ConfigDict(json_schema_extra=cel(SECURITY_CONTEXT_RULE, MOUNT_VOLUME_RULE))
-
-    gpus_per_pod: int = Field(
-        8, alias="gpusPerPod", ge=1, le=64,
-        description="GPUs (ranks) per pod; pods = tensor*pipeline*data / gpusPerPod. Immutable.",
-        json_schema_extra=cel(*IMMUTABLE),
-    )
-    gpu_types: list[str] = Field(
-        default_factory=list, alias="gpuTypes", max_length=MAX_LIST,
-        description="Acceptable GPU pools (values of the node label nvidia.com/gpu.product), in "
-        "preference order. Empty: any pool.",
-        json_schema_extra={"default": []},
-    )
-    resources: Resources | None = Field(None, description="Extra container resources (cpu, memory, ...).")
-    tolerations: list[Toleration] = Field(
-        default_factory=list, max_length=MAX_LIST, description="Tolerations added to every pod.",
-        json_schema_extra={"default": []},
-    )
-    node_selector: dict[str, str] = Field(
-        default_factory=dict, alias="nodeSelector", description="Nodes must carry these labels.",
-        json_schema_extra={"default": {}},
-    )
-    service_account_name: str | None = Field(
-        None, alias="serviceAccountName", description="ServiceAccount the training pods run as."
-    )
-    priority_class_name: str | None = Field(
-        None, alias="priorityClassName", description="PriorityClass of the training pods."
-    )
-    pod_security: PodSecurity = Field(
-        "Restricted", alias="podSecurity",
-        description="Restricted (default): the pods pass the `restricted` Pod Security Standard: "
-        "they run as runAsUser (never root), without privilege escalation, with every capability "
-        "dropped and the RuntimeDefault seccomp profile. Unrestricted: the operator sets no "
-        "securityContext but worker.securityContext, so the image's own user (root included) "
-        "applies; for images that need root or extra capabilities.",
-    )
-    run_as_user: int = Field(
-        TRAINER_UID, alias="runAsUser", ge=1, le=2147483647,
-        description="UID and GID the trainer runs as under podSecurity Restricted. Default 10001, "
-        "the bundled trainer image's user.",
-    )
-    security_context: FreeForm | None = Field(
-        None, alias="securityContext",
-        description="A core/v1 container SecurityContext used as given under podSecurity "
-        "Unrestricted (for example capabilities.add [IPC_LOCK] for RDMA). Rejected under Restricted.",
-    )
-    automount_service_account_token: bool = Field(
-        False, alias="automountServiceAccountToken",
-        description="Mount the ServiceAccount's API token into the pods. Default false: the "
-        "bundled trainer never calls the Kubernetes API.",
-    )
-    shm_size: Quantity | None = Field(
-        None, alias="shmSize",
-        description="Size limit of /dev/shm, a memory-backed emptyDir counted against the pod's "
-        "memory. Default: no limit of its own (bounded by the pod's memory limit).",
-    )
-    env: EnvList = Field(
-        default_factory=list, max_length=MAX_ENV, description="Environment added to the trainer container.",
-        json_schema_extra={"default": [], **cel(ENV_RULE)},
-    )
-    # The pass-through fields below default to None, not []: a job that sets none of them keeps
-    # its template_hash across an operator upgrade, so its gang does not roll.
-    volumes: list[Volume] | None = Field(
-        None, max_length=MAX_LIST,
-        description="core/v1 Volumes added to every pod after the operator's own (dshm at "
-        "/dev/shm, topotrain-control at /etc/topotrain). Names are unique.",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
-    )
-    volume_mounts: list[VolumeMount] | None = Field(
-        None, alias="volumeMounts", max_length=MAX_LIST,
-        description="core/v1 VolumeMounts added to the trainer container, each of a volume of "
-        "worker.volumes. Mount paths are unique.",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["mountPath"]},
-    )
-    image_pull_secrets: list[Annotated[str, Field(min_length=1, max_length=253)]] | None = Field(
-        None, alias="imagePullSecrets", max_length=MAX_LIST,
-        description="Names of Secrets in the job's namespace to pull the image with.",
-    )
-    labels: PodLabels | None = Field(
-        None, max_length=MAX_METADATA,
-        description="Labels added to every pod; not topotrain.io/ keys or "
-        "app.kubernetes.io/managed-by (the operator's).",
-        json_schema_extra=cel(LABELS_RULE),
-    )
-    annotations: PodAnnotations | None = Field(
-        None, max_length=MAX_METADATA,
-        description="Annotations added to every pod; not topotrain.io/ keys (the operator's).",
-        json_schema_extra=cel(ANNOTATIONS_RULE),
-    )
-
-    @model_validator(mode="after")
-    def _security_context_needs_unrestricted(self) -> WorkerSpec:
-        if self.security_context is not None and self.pod_security != "Unrestricted":
-            raise ValueError(
-                "spec.worker.securityContext requires spec.worker.podSecurity: Unrestricted "
-                f"(it is {self.pod_security})"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _mounts_name_volumes(self) -> WorkerSpec:
-        problems = volume_problems(self.volumes or [], self.volume_mounts or [])
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
 
 
 class TopologySpec(WireModel):
@@ -473,7 +286,7 @@ MAX_WORLD_SIZE = 65536
 
 
 def mesh_errors(par: Parallelism, gpus_per_pod: int) -> list[str]:
-    """The spec-level rules, in Python; CRD_SPEC_RULES says the same in CEL."""
+    """The spec-level rules, in Python; validation.CRD_SPEC_RULES says the same in CEL."""
     errors = []
     if par.world_size % gpus_per_pod:
         errors.append(
@@ -490,36 +303,6 @@ def mesh_errors(par: Parallelism, gpus_per_pod: int) -> list[str]:
             f"{MAX_WORLD_SIZE} ranks"
         )
     return errors
-
-
-CRD_SPEC_RULES = [
-    {
-        "rule": "(self.parallelism.tensor * self.parallelism.pipeline * self.parallelism.data)"
-        " % self.worker.gpusPerPod == 0",
-        "message": "worker.gpusPerPod must divide tensor*pipeline*data",
-        "fieldPath": ".worker.gpusPerPod",
-    },
-    {
-        "rule": "self.worker.gpusPerPod % self.parallelism.tensor == 0"
-        " || self.parallelism.tensor % self.worker.gpusPerPod == 0",
-        "message": "parallelism.tensor must divide worker.gpusPerPod or be a multiple of it",
-        "fieldPath": ".parallelism.tensor",
-    },
-    *degrees.CRD_SPEC_RULES,
-]
-CRD_PARALLELISM_RULES = [
-    {
-        "rule": f"self.tensor * self.pipeline * self.data <= {MAX_WORLD_SIZE}",
-        "message": f"tensor*pipeline*data must be at most {MAX_WORLD_SIZE} ranks",
-        "fieldPath": ".data",
-    },
-    {
-        "rule": "!has(self.minData) || self.minData <= self.data",
-        "message": "minData must be <= data (kubectl scale cannot go below minData)",
-        "fieldPath": ".minData",
-    },
-    *degrees.CRD_PARALLELISM_RULES,
-]
 
 
 class ObjectMeta(WireModel):
@@ -541,32 +324,3 @@ class TrainingJob(WireModel):
     metadata: ObjectMeta
     spec: TrainingJobSpec
     status: TrainingJobStatus = Field(default_factory=lambda: TrainingJobStatus())
-
-
-NAME_PATTERN = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-MAX_NAME = 45
-
-
-def validate_manifest(manifest: dict[str, Any]) -> list[str]:
-    """Every problem of a TrainingJob manifest, each naming its field; [] when valid."""
-    problems: list[str] = []
-    if manifest.get("apiVersion") != f"{GROUP}/{VERSION}" or manifest.get("kind") != KIND:
-        problems.append(f"apiVersion/kind: expected {GROUP}/{VERSION} {KIND}")
-    name = str((manifest.get("metadata") or {}).get("name", ""))
-    if len(name) > MAX_NAME or not NAME_PATTERN.match(name):
-        problems.append(f"metadata.name: {name!r} must be a DNS-1035 label of at most {MAX_NAME} characters")
-    spec = manifest.get("spec")
-    if not isinstance(spec, dict):
-        return [*problems, "spec: required"]
-    try:
-        parsed = TrainingJobSpec.model_validate(spec)
-    except ValidationError as exc:
-        for err in exc.errors():
-            path = "spec" + "".join(
-                f"[{part}]" if isinstance(part, int) else f".{part}" for part in err["loc"]
-            )
-            problems.append(f"{path}: {err['msg']}")
-        return problems
-    # Checked here and in CEL, not in the model: a spec stored before the rule still parses,
-    # so the operator can report it in a condition (degrees.spec_problems) instead of choking.
-    return [*problems, *degrees.spec_problems(parsed)]

@@ -102,7 +102,8 @@ def _inventory(
 
 def load_job(path: Path) -> tuple[str, Any]:
     """(name, validated TrainingJobSpec) from a manifest file."""
-    from topotrain.api.spec import TrainingJobSpec, validate_manifest
+    from topotrain.api.spec import TrainingJobSpec
+    from topotrain.api.validation import validate_manifest
 
     doc = _load_yaml(path)
     if not isinstance(doc, dict):

@@ -31,7 +31,7 @@ def degree_fits_pods(par: Parallelism, data: int, gpus_per_pod: int) -> bool:
 def valid_degrees(
     par: Parallelism, gpus_per_pod: int, low: int, high: int, limits: DataLimits | None = None
 ) -> list[int]:
-    """Allowed data degrees in [low, high], largest first (`degrees.limits_for(spec)` gives `limits`)."""
+    """Allowed data degrees in [low, high], largest first (`api.validation.limits_for(spec)` gives `limits`)."""
     rule = DegreeRule(par.tensor, par.pipeline, gpus_per_pod, limits or DataLimits())
     return rule.degrees(low, high)
 
@@ -67,7 +67,7 @@ def resize_request(
 ) -> ResizeRequest | None:
     """What to ask the planner while Running at data degree `current`, or None.
 
-    With `rule` (`DegreeRule.for_spec(spec)`), None also when no allowed degree lies in the
+    With `rule` (`api.validation.degree_rule(spec)`), None also when no allowed degree lies in the
     direction of the resize, so the planner is not asked for what can never run.
     """
     low, high = bounds(par)

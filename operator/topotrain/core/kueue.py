@@ -38,10 +38,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from topotrain.api.spec import TrainingJobSpec
+from topotrain.api.validation import limits_for
 from topotrain.core.elastic import bounds, pods_for, valid_degrees
 from topotrain.core.manifests import CONTAINER, JobMeta, owner_reference
 from topotrain.core.reconcile import QueueGate
-from topotrain.degrees import limits_for
 from topotrain.placement.request import GangRequest, Mesh
 from topotrain.placement.topology import GPU_RESOURCE, Inventory, TopologyLevels
 

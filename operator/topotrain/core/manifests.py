@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from topotrain import GROUP, KIND, VERSION
-from topotrain.api.pod import MANAGED_BY
-from topotrain.api.spec import TrainingJobSpec, WorkerSpec
+from topotrain.api.pod import MANAGED_BY, WorkerSpec
+from topotrain.api.spec import TrainingJobSpec
 from topotrain.checkpoints import job_prefix
 from topotrain.contract import (
     ACCESS_KEY_ID,

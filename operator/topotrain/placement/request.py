@@ -7,8 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from topotrain.api.validation import limits_for
 from topotrain.contract import RANK_ORDERS, rank_coords, rank_of
-from topotrain.degrees import DataLimits, DegreeRule, limits_for
+from topotrain.degrees import DataLimits, DegreeRule
 
 if TYPE_CHECKING:
     from topotrain.api.spec import TrainingJobSpec
