@@ -16,7 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from topotrain.core.kueue import KUEUE_API_VERSION, topology_domains, topology_manifest
+from topotrain.core.kueue import KUEUE_API_VERSION, topology_manifest
+from topotrain.core.kueue_admission import topology_domains
 from topotrain.placement.topology import TopologyLevels
 
 from testbed.topology import (

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from topotrain.core.kueue import TAS_POD_ANNOTATION, assigned_hosts
+from topotrain.core.kueue_admission import TAS_POD_ANNOTATION, assigned_hosts
 
 from testbed.harness_stack import Stack, step_losses
 from testbed.kueue import KueueStack

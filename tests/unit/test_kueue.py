@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 from topotrain.api.spec import TrainingJobSpec
-from topotrain.core.kueue import (
+from topotrain.core.kueue import topology_manifest, workload_for, workload_name
+from topotrain.core.kueue_admission import (
     Admission,
+    QueueGate,
     admission_of,
     admitted_data,
     assigned_hosts,
@@ -16,12 +18,8 @@ from topotrain.core.kueue import (
     gate,
     pending_message,
     release_status,
-    topology_manifest,
     within_assignment,
-    workload_for,
-    workload_name,
 )
-from topotrain.core.reconcile import QueueGate
 from topotrain.placement.topology import Inventory, TopologyLevels
 
 LEVELS = TopologyLevels()

@@ -13,7 +13,7 @@ from test_reconcile_planned import asked, at, request_of, served
 from test_reconcile_suspend import suspended_spec
 from topotrain.api.status import ConditionType as C
 from topotrain.api.status import Reason
-from topotrain.core.reconcile import QueueGate
+from topotrain.core.kueue_admission import QueueGate
 
 WAITING = QueueGate(admitted=False, message=(
     "waiting for Kueue admission in ClusterQueue team-a: couldn't assign flavors to pod set "
@@ -132,7 +132,7 @@ def test_pods_on_kueues_assigned_nodes_carry_the_tas_annotation_and_others_do_no
     from topotrain.controller.act import Actuator
     from topotrain.controller.settings import Settings
     from topotrain.controller.snapshot import Ledger
-    from topotrain.core.kueue import TAS_POD_ANNOTATION
+    from topotrain.core.kueue_admission import TAS_POD_ANNOTATION
     from topotrain.core.manifests import JobMeta
     from topotrain.core.reconcile import Launch
 

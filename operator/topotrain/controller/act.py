@@ -21,7 +21,7 @@ from topotrain.contract import CHECKPOINT_REQUEST
 from topotrain.controller.kube import Kube
 from topotrain.controller.settings import Settings
 from topotrain.controller.snapshot import JobKey, Ledger
-from topotrain.core.kueue import TAS_POD_ANNOTATION
+from topotrain.core.kueue_admission import TAS_POD_ANNOTATION
 from topotrain.core.manifests import (
     JobMeta,
     PodPlan,

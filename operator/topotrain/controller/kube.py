@@ -19,17 +19,18 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
+from kubernetes.client.exceptions import ApiException as ApiException  # re-exported: see below
 
 from topotrain import GROUP, PLURAL, VERSION
 from topotrain.api.status import Reason
 from topotrain.contract import ACCESS_KEY_ID, SECRET_ACCESS_KEY
 from topotrain.core.kueue import KUEUE_GROUP, KUEUE_VERSION
-from topotrain.core.manifests import FIELD_OWNER, parse_rank_table, rank_table_name
+from topotrain.core.manifests import FIELD_OWNER, RankTable, parse_rank_table, rank_table_name
 from topotrain.core.ownership import ForeignObject, controller_owner, foreign_message, owned_by
-from topotrain.core.reconcile import RankTable
 
 log = logging.getLogger("topotrain.kube")
+# The other modules of the controller catch ApiException from here: this module stays the only
+# one that imports the Kubernetes client.
 WORKERS = 16  # parallel pod creates/deletes: a 512-pod gang in well under a second
 PASS_THREADS = 16  # the event loop's worker threads (main.py): the passes' blocking calls
 # Connections kept alive to the API server: one for each thread that may call at once. (The

@@ -41,8 +41,8 @@ from topotrain.controller.queue_link import QueueLink, QueueView, queue_name
 from topotrain.controller.settings import Settings
 from topotrain.controller.snapshot import Ghosts, JobKey, Ledger, Snapshot, job_of
 from topotrain.core import reconcile as rec
-from topotrain.core.kueue import within_assignment
-from topotrain.core.manifests import template_hash
+from topotrain.core.kueue_admission import within_assignment
+from topotrain.core.manifests import RankTable, template_hash
 from topotrain.core.planning import PlacementPlanner, Planner, PlanOutcome
 from topotrain.core.policy import avoided_nodes
 from topotrain.core.reconcile_status import CheckpointView, StatusBuilder, iso
@@ -349,7 +349,7 @@ class JobLoop:
 
     def _decide(self, spec: TrainingJobSpec, status: TrainingJobStatus,
                 take: Callable[[], Snapshot],
-                ckpt: CheckpointView | None, table: rec.RankTable | None,
+                ckpt: CheckpointView | None, table: RankTable | None,
                 problem: tuple[str, str] | None, probe: bool = False
                 ) -> tuple[rec.Decision, frozenset[str], bool]:
         """Snapshot (`take`: WatchLook's) and decide (pure, CPU only): run in a worker thread.
@@ -367,7 +367,7 @@ class JobLoop:
 
     def _decide_locked(self, spec: TrainingJobSpec, status: TrainingJobStatus,
                        take: Callable[[], Snapshot], ckpt: CheckpointView | None,
-                       table: rec.RankTable | None, problem: tuple[str, str] | None,
+                       table: RankTable | None, problem: tuple[str, str] | None,
                        fresh_read: bool) -> tuple[rec.Decision, frozenset[str], bool]:
         """Under the plan lock: decide and, unless the checkpoint view is stale for a launch or
         an in-place restart (then the store is read again first), record the launch's pods in
@@ -381,7 +381,7 @@ class JobLoop:
         return decision, nodes_used, stale
 
     def _observed(self, spec: TrainingJobSpec, status: TrainingJobStatus, snapshot: Snapshot,
-                  ckpt: CheckpointView | None, table: rec.RankTable | None,
+                  ckpt: CheckpointView | None, table: RankTable | None,
                   problem: tuple[str, str] | None, probe: bool = False) -> rec.Observed:
         labels = self.op.settings.labels
         tolerations = [t.to_wire() for t in spec.worker.tolerations]

@@ -31,6 +31,7 @@ from topotrain.checkpoints import (
 from topotrain.controller.kube import Kube, SecretProblem
 from topotrain.controller.settings import Settings
 from topotrain.controller.snapshot import JobKey
+from topotrain.core.manifests import RankTable
 from topotrain.core.ownership import (
     ForeignObject,
     ResumePolicy,
@@ -39,7 +40,6 @@ from topotrain.core.ownership import (
     owned_by,
 )
 from topotrain.core.planned import pending
-from topotrain.core.reconcile import RankTable
 from topotrain.core.reconcile_status import CheckpointView
 
 log = logging.getLogger("topotrain.observe")

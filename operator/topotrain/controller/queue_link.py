@@ -6,7 +6,7 @@ it. topotrain plays the part Kueue's own job integrations play for a batch Job o
 - it creates the Workload (kueue.py `workload_for`: one podSet, the GPU requests, the TAS
   request derived from the parallelism), owned by the TrainingJob, so deleting the job releases
   the quota; a Workload of that name left by a deleted namesake is deleted first;
-- while Kueue has not admitted it, the job waits (reconcile.py `QueueGate`, condition Admitted
+- while Kueue has not admitted it, the job waits (core/kueue_admission.py `QueueGate`, condition Admitted
   False naming the ClusterQueue); once admitted, the planner sees only the nodes of Kueue's
   topology assignment (each with room for the pods Kueue put there), at the admitted size (a
   partial admission gives a smaller allowed data degree), and the pods it places there carry
@@ -29,14 +29,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
 from topotrain.api.spec import TrainingJobSpec
-from topotrain.controller.kube import Kube, api_message
+from topotrain.controller.kube import ApiException, Kube, api_message
 from topotrain.controller.snapshot import JobKey
-from topotrain.core import kueue
+from topotrain.core import kueue, kueue_admission
+from topotrain.core.kueue_admission import QueueGate
 from topotrain.core.ownership import controller_owner, owned_by
-from topotrain.core.reconcile import QueueGate
 from topotrain.core.reconcile_status import iso
 from topotrain.placement.topology import TopologyLevels
 
@@ -98,10 +96,10 @@ class QueueLink:
         if ((workload.get("spec") or {}).get("active", True) is not False) != active:
             # spec.suspend: Kueue evicts an inactive Workload and frees its quota (and back)
             self.kube.patch_workload(namespace, self.name, {"spec": {"active": active}})
-        gate = kueue.gate(workload, self.levels.gpu_resource, self._cluster_queue(queue))
+        gate = kueue_admission.gate(workload, self.levels.gpu_resource, self._cluster_queue(queue))
         if not gate.admitted or gate.evicted:
             return QueueView(gate, workload=workload)
-        admission = kueue.admission_of(workload, self.levels.gpu_resource)
+        admission = kueue_admission.admission_of(workload, self.levels.gpu_resource)
         assert admission is not None  # an admitted gate has one
         flavors = []
         for name in admission.flavors:
@@ -110,19 +108,19 @@ class QueueLink:
                 return QueueView(QueueGate(admitted=False, message=(
                     f"{gate.message}, but ResourceFlavor {name} does not exist")), workload=workload)
             flavors.append(flavor)
-        data = kueue.admitted_data(spec, admission.count)
+        data = kueue_admission.admitted_data(spec, admission.count)
         if data is None:
             return QueueView(QueueGate(admitted=False, message=(
                 f"{gate.message}, but no allowed data degree fits {admission.count} pods")),
                 workload=workload)
-        return QueueView(gate, kueue.flavor_node_labels(flavors), data, workload,
-                         kueue.assigned_hosts(workload, self.levels.host))
+        return QueueView(gate, kueue_admission.flavor_node_labels(flavors), data, workload,
+                         kueue_admission.assigned_hosts(workload, self.levels.host))
 
     def release(self, view: QueueView) -> None:
         """Give an evicted Workload's quota back (its gang is gone), so Kueue requeues it."""
-        if view.workload is None or kueue.admission_of(view.workload) is None:
+        if view.workload is None or kueue_admission.admission_of(view.workload) is None:
             return
-        patch = kueue.release_status(view.workload, iso(datetime.now(UTC)))
+        patch = kueue_admission.release_status(view.workload, iso(datetime.now(UTC)))
         self.kube.patch_workload(self.key[0], self.name, patch, status=True)
         log.info("%s/%s: the gang is stopped; gave back Workload %s's quota", *self.key, self.name)
 

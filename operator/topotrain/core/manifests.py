@@ -230,6 +230,15 @@ def _ranks_tsv(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+@dataclass(frozen=True)
+class RankTable:
+    """The placement of an earlier attempt, read back from the job's ConfigMap."""
+
+    attempt: int
+    data: int
+    assignments: Mapping[int, str]
+
+
 def parse_rank_table(data: Mapping[str, str]) -> tuple[int, int, dict[int, str]] | None:
     """(attempt, data degree, pod index -> node) from a rank-table ConfigMap's data and
     binaryData (base64 strings, as the API returns them), merged."""

@@ -23,6 +23,8 @@ from topotrain.api.spec import TrainingJobSpec
 from topotrain.api.status import ConditionType as C
 from topotrain.api.status import Reason, TrainingJobStatus
 from topotrain.core import elastic, inplace, planned, policy
+from topotrain.core.kueue_admission import QueueGate
+from topotrain.core.manifests import RankTable
 from topotrain.core.planning import Planner, PlanOutcome
 from topotrain.core.reconcile_status import (
     REFUSAL_REASONS,
@@ -38,36 +40,6 @@ OVERDUE_SECONDS = 30.0  # past a Terminating pod's grace period: deleted again (
 SAVING = "waiting for the stopping pods' SIGTERM checkpoint"  # Ready's message while it waits
 CREATE_RETRY = 10.0  # seconds between tries to create a gang the API server refused
 REFUSALS = REFUSAL_REASONS
-
-
-@dataclass(frozen=True)
-class RankTable:
-    """The placement of an earlier attempt, read back from the job's ConfigMap."""
-
-    attempt: int
-    data: int
-    assignments: Mapping[int, str]
-
-
-@dataclass(frozen=True)
-class QueueGate:
-    """Kueue's word on a job sent to a LocalQueue (handlers_queue.py reads it off the Workload).
-
-    `admitted`: the gang may run (on the admitted flavor's nodes, at the admitted size, which
-    the caller applied to the spec and the planner already). `evicted`: Kueue took the
-    admission back (a preemption, a deactivation, ...) and the gang must stop. `message`: why
-    the job waits or was evicted, naming the ClusterQueue where Kueue says which.
-    """
-
-    admitted: bool
-    evicted: bool = False
-    message: str = ""
-    reason: str = ""  # Kueue's own reason of the eviction (Preempted, ...)
-
-    @property
-    def holds(self) -> bool:
-        """The gang must not run now."""
-        return self.evicted or not self.admitted
 
 
 @dataclass(frozen=True)
