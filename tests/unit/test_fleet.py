@@ -15,9 +15,11 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from topotrain.controller.fleet import Fleet
-from topotrain.controller.loop import Operator, WatchLook, node_entries, pod_entries
+from topotrain.controller.indexes import node_entries, pod_entries, slim_node, slim_pod
+from topotrain.controller.loop import WatchLook
+from topotrain.controller.process import Operator
 from topotrain.controller.settings import Settings
-from topotrain.controller.snapshot import Ghosts, Ledger, Snapshot, slim_node, slim_pod
+from topotrain.controller.snapshot import Ghosts, Ledger, Snapshot
 from topotrain.core.manifests import ATTEMPT_LABEL, INDEX_LABEL, JOB_LABEL, NODE_ANNOTATION
 from topotrain.placement.topology import TopologyLevels
 

@@ -16,7 +16,8 @@ import pytest
 from topotrain.api.spec import TrainingJobSpec
 from topotrain.api.status import Reason
 from topotrain.checkpoints import CheckpointStore, PrefixOwner
-from topotrain.controller.snapshot import Ghosts, Ledger, Snapshot, slim_node, slim_pod
+from topotrain.controller.indexes import slim_node, slim_pod
+from topotrain.controller.snapshot import Ghosts, Ledger, Snapshot
 from topotrain.core.manifests import JobMeta, PodPlan, pod
 from topotrain.core.ownership import (
     Owner,

@@ -115,8 +115,7 @@ class _Fixed:
 
 
 def test_the_assigned_nodes_are_planned_on_first_and_the_flavor_only_when_they_do_not_fit() -> None:
-    from topotrain.controller.loop import FirstFeasible
-    from topotrain.core.planning import PlanOutcome
+    from topotrain.core.planning import FirstFeasible, PlanOutcome
 
     fits = PlanOutcome(feasible=True, assignments={0: "a", 1: "b"})
     lost = PlanOutcome(feasible=False, reason=Reason.INSUFFICIENT_CAPACITY)

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from topotrain.api.spec import TrainingJobSpec
 from topotrain.api.status import CurrentParallelism, TrainingJobStatus
-from topotrain.controller.loop import Operator, wants_capacity
+from topotrain.controller.loop import wants_capacity
+from topotrain.controller.process import Operator
 from topotrain.controller.settings import Settings
 
 SPEC = TrainingJobSpec.model_validate({
@@ -123,7 +124,8 @@ def test_a_resync_that_finds_a_ghost_wakes_its_job_and_the_jobs_waiting_for_capa
 def test_only_a_decision_that_claims_gpus_needs_the_plan_lock() -> None:
     """JobLoop._decide says whether the decision planned or launches pods: only then is it made
     again under the process-wide lock; a Running job's pass never waits for another's plan."""
-    from topotrain.controller.loop import JobLoop, WatchLook, WouldPlan
+    from topotrain.controller.loop import JobLoop, WatchLook
+    from topotrain.core.planning import WouldPlan
 
     from tests.unit.test_ownership import SPEC as GANG
     from tests.unit.test_ownership import job_pod, node

@@ -18,9 +18,10 @@ from typing import Any
 
 from topotrain.api.spec import TrainingJobSpec
 from topotrain.contract import CHECKPOINT_REQUEST
+from topotrain.controller.indexes import JobKey
 from topotrain.controller.kube import Kube
 from topotrain.controller.settings import Settings
-from topotrain.controller.snapshot import JobKey, Ledger
+from topotrain.controller.snapshot import Ledger
 from topotrain.core.kueue_admission import TAS_POD_ANNOTATION
 from topotrain.core.manifests import (
     JobMeta,

@@ -15,9 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,17 +31,16 @@ from topotrain.api.status import (
     set_condition,
 )
 from topotrain.controller.act import Actuator
-from topotrain.controller.fleet import Fleet
-from topotrain.controller.kube import Kube
+from topotrain.controller.indexes import IndexedNodes, JobKey, index_values, job_pods_key
 from topotrain.controller.metrics import METRICS
 from topotrain.controller.observe import Observer
+from topotrain.controller.process import Operator
 from topotrain.controller.queue_link import QueueLink, QueueView, queue_name
-from topotrain.controller.settings import Settings
-from topotrain.controller.snapshot import Ghosts, JobKey, Ledger, Snapshot, job_of
+from topotrain.controller.snapshot import Snapshot
 from topotrain.core import reconcile as rec
 from topotrain.core.kueue_admission import within_assignment
 from topotrain.core.manifests import RankTable, template_hash
-from topotrain.core.planning import PlacementPlanner, Planner, PlanOutcome
+from topotrain.core.planning import FirstFeasible, LazyPlanner, PlacementPlanner, Planner, WouldPlan
 from topotrain.core.policy import avoided_nodes
 from topotrain.core.reconcile_status import CheckpointView, StatusBuilder, iso
 
@@ -65,153 +62,6 @@ def refusal_condition(refused: Mapping[str, str]) -> tuple[str, str]:
     more = f" (+{len(refused) - 1} more)" if len(refused) > 1 else ""
     return reason, f"the API server refused pod {name}{more}: {text}; the gang was not started"
 COALESCE_SECONDS = 0.02  # let a burst of watch events land before the next pass
-
-
-@dataclass
-class Operator:
-    """Process-wide state shared by every job's loop."""
-
-    settings: Settings
-    kube: Kube
-    ledger: Ledger = field(default_factory=Ledger)
-    ghosts: Ghosts = field(default_factory=Ghosts)
-    fleet: Fleet | None = None  # free GPUs kept from the watch (main.py feeds it); None: recounted
-    plan_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    # The thread that decides under plan_lock (only the lock's holder uses it, so it is free)
-    planner: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="topotrain-plan"))
-    wakers: dict[JobKey, asyncio.Event] = field(default_factory=dict)
-    # The status each job's loop last wrote, with the uid of the object it wrote it to: a job
-    # deleted and re-created under its name is another object, whose loop starts before the old
-    # one has stopped, and must never build on (or patch against) the old object's status.
-    written: dict[JobKey, tuple[str, dict[str, Any]]] = field(default_factory=dict)
-    # What wakes a job besides its own pods' events (kept from each job's last pass): jobs that
-    # could use GPUs freed anywhere, and the nodes each job's pods are on. A GPU pod ending or a
-    # node changing wakes only the jobs it can affect, not every loop of a 200-job operator.
-    wants_capacity: set[JobKey] = field(default_factory=set)
-    nodes_of: dict[JobKey, frozenset[str]] = field(default_factory=dict)
-    _resyncing: bool = False
-    _next_resync: float = field(default_factory=lambda: time.monotonic() + 30.0)  # after start-up
-
-    def wake(self, key: JobKey) -> None:
-        event = self.wakers.get(key)
-        if event is not None:
-            event.set()
-
-    def wake_for_capacity(self) -> None:
-        """GPUs are being freed: the jobs waiting for capacity (or able to grow) may fit now."""
-        for key in list(self.wants_capacity):
-            self.wake(key)
-
-    def wake_for_node(self, node: str) -> None:
-        """A node changed: the jobs with pods on it, and those waiting for capacity."""
-        self.wake_for_capacity()
-        for key, nodes in list(self.nodes_of.items()):
-            if node in nodes:
-                self.wake(key)
-
-    def note(self, key: JobKey, wants_capacity: bool, nodes: frozenset[str]) -> None:
-        """Record what the job's last pass showed it depends on."""
-        if wants_capacity:
-            self.wants_capacity.add(key)
-        else:
-            self.wants_capacity.discard(key)
-        self.nodes_of[key] = nodes
-
-    async def resync_if_due(self, pods: kopf.Index[str, Any]) -> None:
-        """Every `resync_seconds`, one job's loop compares the pod index with LISTs (Ghosts)."""
-        every = self.settings.resync_seconds
-        if not every or self._resyncing or time.monotonic() < self._next_resync:
-            return
-        self._resyncing = True
-        try:
-            found = await asyncio.to_thread(
-                self.ghosts.resync, _values(pods),
-                lambda cached: self.kube.pod_uids(self.settings.namespaces, cached=cached))
-        except Exception as exc:  # the API server is unwell: the next interval tries again
-            log.warning("pod resync failed: %s", exc)
-            return
-        finally:
-            self._resyncing, self._next_resync = False, time.monotonic() + every
-        if found:
-            names = sorted(f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}" for p in found)
-            log.warning("the watch cache shows %d pod(s) two LISTs do not (deletions the watch "
-                        "missed): leaving them out from now on: %s", len(found), ", ".join(names[:10]))
-            self.ghosts_found(len(found), {k for k in map(job_of, found) if k is not None})
-
-    def ghosts_found(self, count: int, jobs: Iterable[JobKey]) -> None:
-        """Ghost pods left the snapshot: count them; their jobs and those waiting for capacity
-        (the GPUs a ghost held are free to plan with now) look again."""
-        METRICS.ghost_pods.inc(count)
-        for key in jobs:
-            self.wake(key)
-        self.wake_for_capacity()
-
-    def forget(self, key: JobKey, event: asyncio.Event) -> None:
-        """A job's loop ended: drop what it kept, unless a newer loop (a namesake re-created
-        while this one was stopping) owns the name now."""
-        if self.wakers.get(key) is not event:
-            return
-        del self.wakers[key]
-        self.written.pop(key, None)
-        self.wants_capacity.discard(key)
-        self.nodes_of.pop(key, None)
-
-    def last_written(self, key: JobKey, uid: str) -> dict[str, Any] | None:
-        """The status this object's loop last wrote (None: none, or it was a namesake's)."""
-        entry = self.written.get(key)
-        return entry[1] if entry is not None and entry[0] == uid else None
-
-
-class FirstFeasible:
-    """Plans on `first` (Kueue's assigned nodes), and on `second` (the admitted flavor's
-    nodes) only when nothing fits on `first` (a node of the assignment was lost)."""
-
-    def __init__(self, first: Planner, second: Planner) -> None:
-        self.first, self.second = first, second
-
-    def plan(self, low: int, high: int) -> PlanOutcome:
-        outcome = self.first.plan(low, high)
-        return outcome if outcome.feasible else self.second.plan(low, high)
-
-    def replan(self, previous: Mapping[int, str], lost: frozenset[str], low: int, high: int
-               ) -> PlanOutcome:
-        outcome = self.first.replan(previous, lost, low, high)
-        return outcome if outcome.feasible else self.second.replan(previous, lost, low, high)
-
-
-class WouldPlan(Exception):
-    """A decision made without the plan lock asked for a plan: it is made under the lock instead
-    (planning it first without the lock too doubled the CPU a launch costs; at 5,000 nodes a
-    plan takes a few hundred milliseconds, and launches queue for the lock)."""
-
-
-class LazyPlanner:
-    """Builds the inventory only when the reconciler actually asks for a plan; with `probe`,
-    raises WouldPlan instead of planning."""
-
-    def __init__(self, make: Callable[[], Planner], probe: bool = False) -> None:
-        self._make, self._probe = make, probe
-        self._planner: Planner | None = None
-
-    @property
-    def used(self) -> bool:
-        """The reconciler asked for a plan (its inventory was built)."""
-        return self._planner is not None
-
-    def _get(self) -> Planner:
-        if self._probe:
-            raise WouldPlan
-        if self._planner is None:
-            self._planner = self._make()
-        return self._planner
-
-    def plan(self, low: int, high: int) -> PlanOutcome:
-        return self._get().plan(low, high)
-
-    def replan(self, previous: Mapping[int, str], lost: frozenset[str], low: int, high: int
-               ) -> PlanOutcome:
-        return self._get().replan(previous, lost, low, high)
 
 
 class JobLoop:
@@ -520,55 +370,6 @@ def _admitted_spec(spec: TrainingJobSpec, view: QueueView | None) -> TrainingJob
     return spec.model_copy(update={"parallelism": spec.parallelism.model_copy(update={"data": view.data})})
 
 
-def _values(index: kopf.Index[Any, Any], key: Any = "all") -> list[Mapping[str, Any]]:
-    store = index.get(key)
-    return list(store) if store is not None else []
-
-
-# Besides "all", the indexes (main.py) file each node under its name and each pod with a job
-# label under that job: a pass looks up what it needs, never lists the fleet.
-def node_key(name: str) -> tuple[str, str]:
-    return ("node", name)
-
-
-def job_pods_key(job: JobKey) -> tuple[str, str, str]:
-    return ("job", *job)
-
-
-def node_entries(slim: Mapping[str, Any]) -> dict[Any, Mapping[str, Any]]:
-    """What the nodes index files a slim node under."""
-    return {"all": slim, node_key(str(slim["metadata"]["name"])): slim}
-
-
-def pod_entries(slim: Mapping[str, Any]) -> dict[Any, Mapping[str, Any]]:
-    """What the GPU pods index files a slim pod under."""
-    job = job_of(slim)
-    return {"all": slim} if job is None else {"all": slim, job_pods_key(job): slim}
-
-
-class IndexedNodes(Mapping[str, Mapping[str, Any]]):
-    """Node name -> slim node, read from the nodes index at each lookup."""
-
-    def __init__(self, index: kopf.Index[Any, Any]) -> None:
-        self._index = index
-
-    def __getitem__(self, name: str) -> Mapping[str, Any]:
-        store = self._index.get(node_key(name))
-        found: list[Mapping[str, Any]] = list(store) if store is not None else []  # one C call: the event loop may be changing it
-        if not found:
-            raise KeyError(name)
-        return found[0]
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and node_key(name) in self._index
-
-    def __iter__(self) -> Iterator[str]:
-        return (str(n["metadata"]["name"]) for n in _values(self._index))
-
-    def __len__(self) -> int:
-        store = self._index.get("all")
-        return len(store) if store is not None else 0
-
 
 class WatchLook:
     """What one job's pass reads from the watch indexes: with the operator's fleet, a scoped
@@ -585,11 +386,11 @@ class WatchLook:
         op, ghosts = self.op, self.op.ghosts.current()
         fleet = op.fleet
         if fleet is None or fleet.levels != op.settings.labels:
-            nodes = _values(self._nodes)
-            self.pods = op.ghosts.drop(_values(self._pods))
+            nodes = index_values(self._nodes)
+            self.pods = op.ghosts.drop(index_values(self._pods))
             pods = self.pods
             return lambda: Snapshot.take(nodes, pods, op.ledger, fleet, ghosts)
-        self.pods = op.ghosts.drop(_values(self._pods, job_pods_key(self.key)), every=False)
+        self.pods = op.ghosts.drop(index_values(self._pods, job_pods_key(self.key)), every=False)
         pods, index, lookup = self.pods, self._pods, IndexedNodes(self._nodes)
 
         def shown(job: JobKey, pod: tuple[str, str]) -> bool:

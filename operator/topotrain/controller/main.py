@@ -20,11 +20,19 @@ from topotrain import GROUP, KIND, PLURAL, VERSION
 from topotrain.controller import kopf_readiness
 from topotrain.controller.fleet import Fleet
 from topotrain.controller.health import HealthServer, LoopHealth
+from topotrain.controller.indexes import (
+    job_of,
+    node_entries,
+    pod_entries,
+    requests_gpus,
+    slim_node,
+    slim_pod,
+)
 from topotrain.controller.kube import PASS_THREADS, Kube, load_config
-from topotrain.controller.loop import JobLoop, Operator, node_entries, pod_entries
+from topotrain.controller.loop import JobLoop
 from topotrain.controller.metrics import METRICS
+from topotrain.controller.process import Operator
 from topotrain.controller.settings import Settings, SettingsError, add_arguments
-from topotrain.controller.snapshot import job_of, requests_gpus, slim_node, slim_pod
 from topotrain.core.kueue import KUEUE_GROUP, KUEUE_VERSION
 from topotrain.core.ownership import controller_owner
 

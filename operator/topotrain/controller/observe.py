@@ -28,9 +28,9 @@ from topotrain.checkpoints import (
     job_prefix,
     operator_store,
 )
+from topotrain.controller.indexes import JobKey
 from topotrain.controller.kube import Kube, SecretProblem
 from topotrain.controller.settings import Settings
-from topotrain.controller.snapshot import JobKey
 from topotrain.core.manifests import RankTable
 from topotrain.core.ownership import (
     ForeignObject,

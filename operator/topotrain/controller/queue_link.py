@@ -30,8 +30,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from topotrain.api.spec import TrainingJobSpec
+from topotrain.controller.indexes import JobKey
 from topotrain.controller.kube import ApiException, Kube, api_message
-from topotrain.controller.snapshot import JobKey
 from topotrain.core import kueue, kueue_admission
 from topotrain.core.kueue_admission import QueueGate
 from topotrain.core.ownership import controller_owner, owned_by

@@ -1,7 +1,7 @@
 """What the operator remembers of the cluster between watch events, and how it plans on it.
 
-The kopf indexes keep a slim copy of every GPU pod and node (`slim_pod`,
-`slim_node`); `Snapshot` turns them into the reconciler's views and the
+The kopf indexes keep a slim copy of every GPU pod and node (indexes.py
+`slim_pod`, `slim_node`); `Snapshot` turns them into the reconciler's views and the
 planner's inventory. Pods the operator created but the watch has not shown
 yet sit in the `Ledger`, so a plan made a moment later (for another job, or
 the same one) sees their GPUs as taken: two plans never double-book a node.
@@ -20,11 +20,11 @@ from typing import Any
 from topotrain.api.status import Reason
 from topotrain.contract import CHECKPOINT_REQUEST
 from topotrain.controller.fleet import Fleet
+from topotrain.controller.indexes import JobKey, job_of, slim_pod
 from topotrain.core.manifests import (
     ATTEMPT_LABEL,
     GANG_GATE,
     INDEX_LABEL,
-    JOB_LABEL,
     NODE_ANNOTATION,
     RESUME_ANNOTATION,
     TEMPLATE_ANNOTATION,
@@ -33,89 +33,7 @@ from topotrain.core.ownership import controller_owner, foreign_message, owned_by
 from topotrain.core.policy import NodeView, PodView
 from topotrain.placement.topology import TERMINAL_PHASES, Inventory, TopologyLevels, pod_gpus
 
-JobKey = tuple[str, str]  # (namespace, name)
 LEDGER_TTL = 120.0  # seconds: a created pod the watch never showed is forgotten
-
-
-MESSAGE_LIMIT = 1024  # bytes of a termination message kept in memory per container
-
-
-def _container_states(status: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(terminated, waiting) container states, slimmed."""
-    terminated, waiting = [], []
-    for cs in status.get("containerStatuses") or []:
-        state = cs.get("state") or {}
-        term, wait = state.get("terminated"), state.get("waiting")
-        if term:
-            terminated.append({
-                "exitCode": term.get("exitCode"), "reason": term.get("reason", ""),
-                "message": str(term.get("message") or "")[-MESSAGE_LIMIT:],
-            })
-        if wait and wait.get("reason"):
-            waiting.append({"reason": wait["reason"], "message": str(wait.get("message") or "")[:500]})
-    return terminated, waiting
-
-
-def _pod_conditions(status: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The conditions that say why a pod cannot run: Unschedulable, DisruptionTarget."""
-    out = []
-    for cond in status.get("conditions") or []:
-        unschedulable = cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable"
-        if unschedulable or (cond.get("type") == "DisruptionTarget" and cond.get("status") == "True"):
-            out.append({k: cond.get(k) for k in ("type", "reason", "message")})
-    return out
-
-
-def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields of a pod the operator reads (kept in memory for every GPU pod)."""
-    meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
-    terminated, waiting = _container_states(status)
-    annotations = meta.get("annotations") or {}
-    return {
-        "metadata": {
-            "name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid"),
-            "labels": dict(meta.get("labels") or {}),
-            "annotations": {
-                key: annotations[key]
-                for key in (NODE_ANNOTATION, RESUME_ANNOTATION, TEMPLATE_ANNOTATION, CHECKPOINT_REQUEST)
-                if key in annotations
-            },
-            "deletionTimestamp": meta.get("deletionTimestamp"),
-            "ownerReferences": [
-                {"uid": o.get("uid"), "kind": o.get("kind"), "name": o.get("name"),
-                 "controller": o.get("controller")}
-                for o in meta.get("ownerReferences") or []
-            ],
-        },
-        "spec": {
-            "nodeName": spec.get("nodeName"),
-            "schedulingGates": [dict(g) for g in spec.get("schedulingGates") or []],
-            "containers": [{"resources": dict(c.get("resources") or {})} for c in spec.get("containers") or []],
-            "terminationGracePeriodSeconds": spec.get("terminationGracePeriodSeconds"),
-        },
-        "status": {
-            "phase": status.get("phase", "Pending"), "reason": status.get("reason", ""),
-            "message": status.get("message", ""), "terminated": terminated, "waiting": waiting,
-            "conditions": _pod_conditions(status),
-        },
-    }
-
-
-def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
-    meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
-    ready = [dict(c) for c in status.get("conditions") or [] if c.get("type") == "Ready"]
-    return {
-        "metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {})},
-        "spec": {"unschedulable": spec.get("unschedulable", False),
-                 "taints": [dict(t) for t in spec.get("taints") or []]},
-        "status": {"allocatable": dict(status.get("allocatable") or {}), "conditions": ready},
-    }
-
-
-def job_of(pod: Mapping[str, Any]) -> JobKey | None:
-    meta = pod.get("metadata", {})
-    job = (meta.get("labels") or {}).get(JOB_LABEL)
-    return None if not job else (str(meta.get("namespace")), str(job))
 
 
 def belongs(pod: Mapping[str, Any], job: JobKey, uid: str | None) -> bool:
@@ -125,13 +43,6 @@ def belongs(pod: Mapping[str, Any], job: JobKey, uid: str | None) -> bool:
     terminating, a user's pod) is never the job's: not watched, counted or deleted as its own.
     """
     return job_of(pod) == job and (uid is None or owned_by(pod.get("metadata", {}), uid))
-
-
-def requests_gpus(body: Mapping[str, Any], resource: str = "nvidia.com/gpu") -> bool:
-    try:
-        return pod_gpus(body.get("spec", {}), resource) > 0
-    except ValueError:
-        return False
 
 
 def pod_view(pod: Mapping[str, Any]) -> PodView | None:

@@ -1,0 +1,125 @@
+"""The state every job's loop shares in one operator process.
+
+One `Operator` per process (main.py makes it at start-up): the settings, the API client,
+the ledger of pods created but not yet seen, the ghost pods left out of the watch cache,
+the fleet's free GPUs, the plan lock and its thread, each loop's wake-up event and the
+status it last wrote, and what wakes whom (the jobs waiting for capacity, the nodes of each
+job's pods).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from topotrain.controller.fleet import Fleet
+from topotrain.controller.indexes import JobKey, index_values, job_of
+from topotrain.controller.kube import Kube
+from topotrain.controller.metrics import METRICS
+from topotrain.controller.settings import Settings
+from topotrain.controller.snapshot import Ghosts, Ledger
+
+log = logging.getLogger("topotrain.jobs")
+
+
+@dataclass
+class Operator:
+    """Process-wide state shared by every job's loop."""
+
+    settings: Settings
+    kube: Kube
+    ledger: Ledger = field(default_factory=Ledger)
+    ghosts: Ghosts = field(default_factory=Ghosts)
+    fleet: Fleet | None = None  # free GPUs kept from the watch (main.py feeds it); None: recounted
+    plan_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # The thread that decides under plan_lock (only the lock's holder uses it, so it is free)
+    planner: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="topotrain-plan"))
+    wakers: dict[JobKey, asyncio.Event] = field(default_factory=dict)
+    # The status each job's loop last wrote, with the uid of the object it wrote it to: a job
+    # deleted and re-created under its name is another object, whose loop starts before the old
+    # one has stopped, and must never build on (or patch against) the old object's status.
+    written: dict[JobKey, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    # What wakes a job besides its own pods' events (kept from each job's last pass): jobs that
+    # could use GPUs freed anywhere, and the nodes each job's pods are on. A GPU pod ending or a
+    # node changing wakes only the jobs it can affect, not every loop of a 200-job operator.
+    wants_capacity: set[JobKey] = field(default_factory=set)
+    nodes_of: dict[JobKey, frozenset[str]] = field(default_factory=dict)
+    _resyncing: bool = False
+    _next_resync: float = field(default_factory=lambda: time.monotonic() + 30.0)  # after start-up
+
+    def wake(self, key: JobKey) -> None:
+        event = self.wakers.get(key)
+        if event is not None:
+            event.set()
+
+    def wake_for_capacity(self) -> None:
+        """GPUs are being freed: the jobs waiting for capacity (or able to grow) may fit now."""
+        for key in list(self.wants_capacity):
+            self.wake(key)
+
+    def wake_for_node(self, node: str) -> None:
+        """A node changed: the jobs with pods on it, and those waiting for capacity."""
+        self.wake_for_capacity()
+        for key, nodes in list(self.nodes_of.items()):
+            if node in nodes:
+                self.wake(key)
+
+    def note(self, key: JobKey, wants_capacity: bool, nodes: frozenset[str]) -> None:
+        """Record what the job's last pass showed it depends on."""
+        if wants_capacity:
+            self.wants_capacity.add(key)
+        else:
+            self.wants_capacity.discard(key)
+        self.nodes_of[key] = nodes
+
+    async def resync_if_due(self, pods: kopf.Index[str, Any]) -> None:
+        """Every `resync_seconds`, one job's loop compares the pod index with LISTs (Ghosts)."""
+        every = self.settings.resync_seconds
+        if not every or self._resyncing or time.monotonic() < self._next_resync:
+            return
+        self._resyncing = True
+        try:
+            found = await asyncio.to_thread(
+                self.ghosts.resync, index_values(pods),
+                lambda cached: self.kube.pod_uids(self.settings.namespaces, cached=cached))
+        except Exception as exc:  # the API server is unwell: the next interval tries again
+            log.warning("pod resync failed: %s", exc)
+            return
+        finally:
+            self._resyncing, self._next_resync = False, time.monotonic() + every
+        if found:
+            names = sorted(f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}" for p in found)
+            log.warning("the watch cache shows %d pod(s) two LISTs do not (deletions the watch "
+                        "missed): leaving them out from now on: %s", len(found), ", ".join(names[:10]))
+            self.ghosts_found(len(found), {k for k in map(job_of, found) if k is not None})
+
+    def ghosts_found(self, count: int, jobs: Iterable[JobKey]) -> None:
+        """Ghost pods left the snapshot: count them; their jobs and those waiting for capacity
+        (the GPUs a ghost held are free to plan with now) look again."""
+        METRICS.ghost_pods.inc(count)
+        for key in jobs:
+            self.wake(key)
+        self.wake_for_capacity()
+
+    def forget(self, key: JobKey, event: asyncio.Event) -> None:
+        """A job's loop ended: drop what it kept, unless a newer loop (a namesake re-created
+        while this one was stopping) owns the name now."""
+        if self.wakers.get(key) is not event:
+            return
+        del self.wakers[key]
+        self.written.pop(key, None)
+        self.wants_capacity.discard(key)
+        self.nodes_of.pop(key, None)
+
+    def last_written(self, key: JobKey, uid: str) -> dict[str, Any] | None:
+        """The status this object's loop last wrote (None: none, or it was a namesake's)."""
+        entry = self.written.get(key)
+        return entry[1] if entry is not None and entry[0] == uid else None
