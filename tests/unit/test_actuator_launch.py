@@ -12,8 +12,8 @@ from topotrain.api.status import TrainingJobStatus
 from topotrain.controller.act import Actuator
 from topotrain.controller.settings import Settings
 from topotrain.controller.snapshot import Ledger
+from topotrain.core.decision import Decision, Launch
 from topotrain.core.manifests import GANG_GATE
-from topotrain.core.reconcile import Decision, Launch
 
 
 class RecordingKube:

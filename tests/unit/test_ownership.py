@@ -200,7 +200,7 @@ def test_a_reserved_launch_holds_its_gpus_before_any_api_call_until_unreserved()
     from topotrain.api.status import TrainingJobStatus
     from topotrain.controller.act import Actuator
     from topotrain.controller.settings import Settings
-    from topotrain.core.reconcile import Decision, Launch
+    from topotrain.core.decision import Decision, Launch
 
     ledger = Ledger()
     actuator = Actuator(kube=None, settings=Settings(), ledger=ledger)  # type: ignore[arg-type]
@@ -227,7 +227,7 @@ def test_a_pod_the_api_server_says_is_gone_leaves_every_later_snapshot() -> None
     from topotrain.api.status import TrainingJobStatus
     from topotrain.controller.act import Actuator
     from topotrain.controller.settings import Settings
-    from topotrain.core.reconcile import Decision
+    from topotrain.core.decision import Decision
 
     def with_uid(p: dict[str, Any], uid: str) -> dict[str, Any]:
         return {**p, "metadata": {**p["metadata"], "uid": uid}}

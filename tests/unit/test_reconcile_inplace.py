@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from topotrain.api.status import Reason
 from topotrain.checkpoints import WorkerFailure
+from topotrain.core.decision import Decision, Observed
 from topotrain.core.policy import NodeView, PodView
-from topotrain.core.reconcile import Decision, Observed
 
 from tests.unit.test_reconcile import T0, FakePlanner, gang, observed, run, spec
 

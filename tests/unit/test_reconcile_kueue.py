@@ -131,9 +131,9 @@ def test_pods_on_kueues_assigned_nodes_carry_the_tas_annotation_and_others_do_no
     from topotrain.controller.act import Actuator
     from topotrain.controller.settings import Settings
     from topotrain.controller.snapshot import Ledger
+    from topotrain.core.decision import Launch
     from topotrain.core.kueue_admission import TAS_POD_ANNOTATION
     from topotrain.core.manifests import JobMeta
-    from topotrain.core.reconcile import Launch
 
     actuator = Actuator(kube=None, settings=Settings(), ledger=Ledger())  # type: ignore[arg-type]
     actuator.tas_hosts = frozenset({"a"})

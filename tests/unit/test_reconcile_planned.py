@@ -16,9 +16,9 @@ import pytest
 from test_reconcile import T0, FakePlanner, gang, observed, run, running_job, spec
 from topotrain.api.status import ConditionType as C
 from topotrain.api.status import Reason
+from topotrain.core.decision import Decision, Observed
 from topotrain.core.planned import CHECKPOINT_REQUEST_TIMEOUT, POLL_SECONDS
 from topotrain.core.policy import PodView
-from topotrain.core.reconcile import Decision, Observed
 from topotrain.core.reconcile_status import CheckpointView
 
 LAST = CheckpointView(step=200, uri="s3://ckpt/runs/ns/job/step-0000000200")

@@ -10,7 +10,7 @@ from test_reconcile import gang, observed, run, running_job, spec
 from test_reconcile_planned import LAST, asked, at, request_of, served
 from topotrain.api.status import ConditionType as C
 from topotrain.api.status import Reason
-from topotrain.core.reconcile import Observed
+from topotrain.core.decision import Observed
 
 
 def suspended_spec(on: bool = True) -> Any:

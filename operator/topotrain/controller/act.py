@@ -22,6 +22,7 @@ from topotrain.controller.indexes import JobKey
 from topotrain.controller.kube import Kube
 from topotrain.controller.settings import Settings
 from topotrain.controller.snapshot import Ledger
+from topotrain.core.decision import Decision, Launch
 from topotrain.core.kueue_admission import TAS_POD_ANNOTATION
 from topotrain.core.manifests import (
     JobMeta,
@@ -34,7 +35,6 @@ from topotrain.core.manifests import (
     service,
 )
 from topotrain.core.ownership import ForeignObject
-from topotrain.core.reconcile import Decision, Launch
 
 log = logging.getLogger("topotrain.act")
 RELEASED_MEMORY = 60.0  # seconds a released pod is not released again (a repeat would be a 422)

@@ -38,6 +38,7 @@ from topotrain.controller.process import Operator
 from topotrain.controller.queue_link import QueueLink, QueueView, queue_name
 from topotrain.controller.snapshot import Snapshot
 from topotrain.core import reconcile as rec
+from topotrain.core.decision import Decision, Launch, Observed
 from topotrain.core.kueue_admission import within_assignment
 from topotrain.core.manifests import RankTable, template_hash
 from topotrain.core.planning import FirstFeasible, LazyPlanner, PlacementPlanner, Planner, WouldPlan
@@ -132,7 +133,7 @@ class JobLoop:
         # status write and the pod changes run after it, so one job's slow API call never holds
         # up every other job.
         look = WatchLook(self.op, self.key, pods, nodes)
-        decision: rec.Decision | None = None
+        decision: Decision | None = None
         nodes_used: frozenset[str] = frozenset()
         try:
             decision, nodes_used, claims = await asyncio.to_thread(
@@ -201,7 +202,7 @@ class JobLoop:
                 take: Callable[[], Snapshot],
                 ckpt: CheckpointView | None, table: RankTable | None,
                 problem: tuple[str, str] | None, probe: bool = False
-                ) -> tuple[rec.Decision, frozenset[str], bool]:
+                ) -> tuple[Decision, frozenset[str], bool]:
         """Snapshot (`take`: WatchLook's) and decide (pure, CPU only): run in a worker thread.
         Also returns the nodes the job's pods are on or planned for (what wakes it), and whether
         the decision claims free GPUs (it planned, or launches pods): only such a decision needs
@@ -218,7 +219,7 @@ class JobLoop:
     def _decide_locked(self, spec: TrainingJobSpec, status: TrainingJobStatus,
                        take: Callable[[], Snapshot], ckpt: CheckpointView | None,
                        table: RankTable | None, problem: tuple[str, str] | None,
-                       fresh_read: bool) -> tuple[rec.Decision, frozenset[str], bool]:
+                       fresh_read: bool) -> tuple[Decision, frozenset[str], bool]:
         """Under the plan lock: decide and, unless the checkpoint view is stale for a launch or
         an in-place restart (then the store is read again first), record the launch's pods in
         the ledger. Returns (decision, nodes used, stale)."""
@@ -232,7 +233,7 @@ class JobLoop:
 
     def _observed(self, spec: TrainingJobSpec, status: TrainingJobStatus, snapshot: Snapshot,
                   ckpt: CheckpointView | None, table: RankTable | None,
-                  problem: tuple[str, str] | None, probe: bool = False) -> rec.Observed:
+                  problem: tuple[str, str] | None, probe: bool = False) -> Observed:
         labels = self.op.settings.labels
         tolerations = [t.to_wire() for t in spec.worker.tolerations]
 
@@ -252,7 +253,7 @@ class JobLoop:
                 return FirstFeasible(PlacementPlanner(spec, assigned), wide)
             return build
 
-        return rec.Observed(
+        return Observed(
             name=self.key[1], namespace=self.key[0],
             generation=int(self.body.get("metadata", {}).get("generation") or 0),
             spec=spec, status=status, pods=snapshot.job_pods(self.key, self.uid or None),
@@ -266,7 +267,7 @@ class JobLoop:
             queue=view.gate if view else None,
         )
 
-    async def _settle_queue(self, view: QueueView, decision: rec.Decision) -> None:
+    async def _settle_queue(self, view: QueueView, decision: Decision) -> None:
         """Give back an evicted job's quota once its pods are gone; delete a finished job's Workload."""
         if decision.release_quota:
             await asyncio.to_thread(self.queue.release, view)
@@ -297,7 +298,7 @@ class JobLoop:
             kopf.event(self.body, type=kind, reason=why, message=text)
         await self._write_status(sb.status)
 
-    async def _accepted(self, status: TrainingJobStatus, launch: rec.Launch) -> None:
+    async def _accepted(self, status: TrainingJobStatus, launch: Launch) -> None:
         """The pods the API server refused before were created now: say so at once."""
         self.last_refusal = None
         sb = StatusBuilder(status, int(self.body.get("metadata", {}).get("generation") or 0),
@@ -328,7 +329,7 @@ class JobLoop:
             raise
         self.op.written[self.key] = (self.uid, wire)
 
-    def _observe_metrics(self, decision: rec.Decision, ckpt: CheckpointView | None) -> None:
+    def _observe_metrics(self, decision: Decision, ckpt: CheckpointView | None) -> None:
         namespace, name = self.key
         st = decision.status
         METRICS.job_phase(namespace, name, st.phase)

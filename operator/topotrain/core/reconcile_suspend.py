@@ -1,0 +1,72 @@
+"""A gang that must not run: spec.suspend, or Kueue holding or evicting the job.
+
+Either way the running gang stops without losing a step (a checkpoint first, planned.py)
+and the job keeps its place; `admission` sets the Admitted condition from Kueue's word.
+"""
+
+from __future__ import annotations
+
+from topotrain.api.status import Reason
+from topotrain.core import planned, policy
+from topotrain.core.decision import Decision, Observed
+from topotrain.core.kueue_admission import QueueGate
+from topotrain.core.reconcile_status import StatusBuilder
+
+
+def suspend(
+    obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
+    current: list[policy.PodView], why: str = "spec.suspend", reason: str = Reason.SUSPENDED,
+    then: str = "false resumes it from the newest commit", cause: str = "suspend",
+) -> None:
+    """spec.suspend: stop the gang and keep the job, losing no step.
+
+    A Running gang is asked for a checkpoint first (planned.py, as for a resize) and keeps
+    training until it is committed (or the request's bound passed); then its pods are deleted
+    (their trainers also save on SIGTERM) and the attempt moves on, so the gang that resumes is
+    a new attempt from the newest commit. A gang not Running yet is deleted at once.
+    """
+    live = [p for p in current if not p.terminating]
+    step = None if obs.checkpoint is None else obs.checkpoint.step
+    running = sb.status.phase == "Running" and bool(live) and all(p.phase == "Running" for p in live)
+    if running:
+        wait = planned.checkpoint_first(sb, obs.checkpoint, current, attempt, cause, obs.now,
+                                        obs.checkpoint_request_timeout)
+        if not wait.ready:
+            decision.checkpoint_request, decision.requeue_after = wait.ask, wait.requeue_after
+            sb.suspending(attempt, why)
+            return
+        step = wait.resume_step if wait.resume_step is not None else step
+    else:
+        planned.cancel(sb)
+    decision.relabel, decision.release = None, []
+    if live:
+        decision.delete += [p.name for p in live if p.name not in decision.delete]
+        sb.status.attempt = attempt + 1
+    sb.suspended(step, len(live), why, reason, then)
+
+
+def admission(obs: Observed, sb: StatusBuilder, queue: QueueGate) -> None:
+    """The Admitted condition from Kueue's decision."""
+    if queue.evicted:
+        sb.admission(False, Reason.EVICTED, queue.message)
+    elif queue.admitted:
+        sb.admission(True, Reason.KUEUE_ADMITTED, queue.message)
+    else:
+        sb.admission(False, Reason.WAITING_FOR_ADMISSION, queue.message)
+
+
+def hold_for_queue(
+    obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
+    current: list[policy.PodView],
+) -> None:
+    """Kueue has not admitted the job, or evicted it: no gang runs.
+
+    A job that never ran waits Pending. An evicted gang stops as for spec.suspend (a
+    checkpoint first, then its pods go), the job is Suspended until Kueue admits it again,
+    and once none of its pods is left the quota is given back, so Kueue requeues it (and
+    the preemptor's pods do not wait for GPUs still held).
+    """
+    if current or sb.status.start_time or sb.status.phase == "Suspended":
+        suspend(obs, sb, decision, attempt, current, why="evicted by Kueue",
+                 reason=Reason.EVICTED, cause="evict", then="it resumes from the newest commit once Kueue "
+                 "admits it again")
