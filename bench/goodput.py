@@ -48,8 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from goodput_run import FAILURES, MODES, Failure, Mode, ModeResult, Runner
 
+from testbed.client import api_client
 from testbed.harness_stack import S3Target, stack_in_new_namespace
-from testbed.kube import Kube, api_client
+from testbed.kube import Kube
 from testbed.nodes import add_node, delete_node, wait_nodes_ready
 
 PHASES = ("detection", "re-plan", "pod start", "process start", "checkpoint load")

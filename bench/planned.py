@@ -48,8 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from goodput import cluster, node_pool
 
+from testbed.client import api_client
 from testbed.harness_stack import Stack, stack_in_new_namespace
-from testbed.kube import Kube, api_client
+from testbed.kube import Kube
 from testbed.procs import wait_until
 from tests.e2e.jobs import attempts, last_step, of_kind
 

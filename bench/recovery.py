@@ -46,8 +46,8 @@ sys.path.insert(0, str(REPO))
 
 from kubernetes import client  # noqa: E402
 
+from testbed.client import api_client  # noqa: E402
 from testbed.faults import fail_pod  # noqa: E402
-from testbed.kube import api_client  # noqa: E402
 from testbed.nodes import apply_topology, delete_topology, wait_nodes_ready  # noqa: E402
 
 TOPOLOGY_LABEL = "testbed.topotrain.io/topology"

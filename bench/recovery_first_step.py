@@ -36,8 +36,9 @@ from typing import Any
 from goodput import cluster, node_pool
 
 from testbed import faults
+from testbed.client import api_client
 from testbed.harness_stack import GROUP, PLURAL, VERSION, Stack, stack_in_new_namespace
-from testbed.kube import Kube, api_client
+from testbed.kube import Kube
 from testbed.nodes import wait_nodes_ready
 from testbed.restart_probes import first_step_after, live_uids, node_of, pod_name, pod_pid
 

@@ -61,8 +61,8 @@ from scale_runner import OperatorRun, install_crd, make_namespace, remove_namesp
 from scale_workload import JobShape, big_gang_pods, fleet, job_stream
 from topotrain.controller.metrics import RECONCILE_BUCKETS
 
+from testbed.client import api_client
 from testbed.cluster import Testbed
-from testbed.kube import api_client
 from testbed.nodes import apply_topology, delete_topology, wait_nodes_ready
 
 WHY_TYPES = ("ConfigValid", "PodsCreated", "Schedulable", "Ready")

@@ -25,8 +25,8 @@ from urllib3.exceptions import ProtocolError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from testbed.client import api_client, core_v1
 from testbed.cluster import CONTROL_PLANE, Testbed
-from testbed.kube import api_client, core_v1
 from testbed.nodes import apply_topology, delete_topology, wait_nodes_ready
 from testbed.procs import ManagedProcess
 from testbed.topology import GPU_RESOURCE, generate_scale_topology

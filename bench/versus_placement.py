@@ -21,47 +21,26 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kubernetes import client
 from scale_runner import OperatorRun, install_crd, make_namespace, remove_namespace
 from scale_workload import JobShape
 from topotrain.core.kueue import KUEUE_API_VERSION
 from topotrain.core.manifests import INDEX_LABEL, JOB_LABEL
+from versus_bench import Bench
 from versus_jobs import FILLER_NAMESPACE, Placed, filler_pods, jobset_manifest, placement_cost
-from versus_recovery import RecoveryRow, run_recovery
+from versus_recovery import run_recovery
+from versus_results import Instance, PlacementResult
 from versus_watch import gang_running, pod_views
 
 from testbed.kueue import QUEUE_LABEL, KueueStack
 from testbed.kueue_queues import assigned_domains
 from testbed.topology import HOSTNAME_LABEL
 
-if TYPE_CHECKING:
-    from versus import Bench
-
 TOPOTRAIN_NAMESPACE = "versus-place-topotrain"
 KUEUE_NAMESPACE = "versus-place-kueue"
 GROUP, VERSION, PLURAL = "topotrain.io", "v1alpha1", "trainingjobs"
-
-
-@dataclass
-class Instance:
-    seed: int
-    shape: JobShape
-    ours: Placed | None = None
-    theirs: Placed | None = None
-    ours_note: str = ""
-    theirs_note: str = ""
-
-
-@dataclass
-class PlacementResult:
-    seeds: list[int] = field(default_factory=list)
-    instances: list[Instance] = field(default_factory=list)
-    seconds: float = 0.0
-    recovery: list[RecoveryRow] = field(default_factory=list)  # the recovery phase, after it
-    recovery_seconds: float = 0.0
 
 
 def _wait(check: Callable[[], Any], timeout: float, interval: float = 0.3) -> Any:
@@ -129,7 +108,7 @@ class Placer:
     def set_fillers(self, pods: Sequence[dict[str, Any]]) -> None:
         self.core.delete_collection_namespaced_pod(FILLER_NAMESPACE, grace_period_seconds=0)
         _wait(lambda: not self.core.list_namespaced_pod(FILLER_NAMESPACE).items, 120, 0.5)
-        self.bench._create_pods(pods)
+        self.bench.create_pods(pods)
         _wait(lambda: len(self.core.list_namespaced_pod(FILLER_NAMESPACE).items) >= len(pods),
               60, 0.5)  # fmt: skip
         time.sleep(3.0)  # both systems' informers see the new fillers

@@ -18,29 +18,17 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kubernetes import client
 from scale_workload import JobShape
 from topotrain.core.manifests import INDEX_LABEL, JOB_LABEL
+from versus_bench import Bench
 from versus_jobs import COMPLETION_INDEX_LABEL, JOBSET_NAME_LABEL, jobset_manifest
-from versus_watch import GangWatch, Recovery, time_recovery
+from versus_results import RecoveryRow
+from versus_watch import GangWatch, time_recovery
 
 from testbed.kueue_queues import KueueQueues
-
-if TYPE_CHECKING:
-    from versus import Bench
-
-
-@dataclass(frozen=True)
-class RecoveryRow:
-    system: str
-    restart: str  # how the system was told to restart the gang
-    job: str
-    pods: int
-    recovery: Recovery | None  # None: the gang never ran, so no node was lost
-    note: str = ""
 
 
 class _System:

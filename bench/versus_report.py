@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
-from scale_workload import JobShape
-from topotrain.placement.topology import NodeInfo
-from versus_jobs import Placed, placement_cost
-from versus_placement import PlacementResult
-from versus_watch import Gang, Recovery
+from versus_jobs import Placed
+from versus_results import PlacementResult, SystemResult
 
 # What a user of each system can ask for, from the benchmark's own job kinds and the docs
 # of each API (Kueue v0.17 TAS annotations, JobSet v1alpha2, TrainingJob v1alpha1).
@@ -34,44 +30,6 @@ EXPRESSIVENESS = (
      "Recreate or BlockingRecreate (all pods) + Kueue TAS node replacement; InPlaceRestart "
      "needs an agent in every pod and a feature gate"),
 )  # fmt: skip
-
-
-@dataclass
-class SystemResult:
-    system: str
-    shapes: Sequence[JobShape]
-    gangs: dict[str, Gang]
-    pools: Mapping[str, list[NodeInfo]]
-    recovery: Recovery | None = None
-    log_tail: str = ""
-    victim_state: str = ""  # the node-loss victim's Workload conditions after the wait
-    placed: dict[str, Placed] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for shape in self.shapes:
-            gang = self.gangs.get(shape.name)
-            if gang is not None and gang.running is not None:
-                placed = placement_cost(shape, gang.nodes, self.pools)
-                if placed is not None:
-                    self.placed[shape.name] = placed
-
-    def latency(self, job: str) -> float | None:
-        gang = self.gangs.get(job)
-        if gang is None or gang.running is None or not gang.applied:
-            return None
-        return gang.running - gang.applied
-
-    def latencies(self) -> list[float]:
-        return sorted(g.running - g.applied for g in self.gangs.values()
-                      if g.running is not None and g.applied)  # fmt: skip
-
-    def admissions_per_minute(self) -> float:
-        done = [g.running for g in self.gangs.values() if g.running is not None]
-        applied = [g.applied for g in self.gangs.values() if g.applied]
-        if not done or not applied:
-            return 0.0
-        span = max(done) - min(applied)
-        return len(done) * 60 / span if span > 0 else float("nan")
 
 
 def percentile(values: Sequence[float], q: float) -> float:

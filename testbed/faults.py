@@ -31,7 +31,7 @@ from typing import Any
 from kubernetes import client
 from topotrain_trainer._procname import SPARE_COMM
 
-from testbed.kube import api_client, core_v1
+from testbed.client import api_client, core_v1
 
 POD_FAILED_STAGE = "pod-container-running-failed.stage.kwok.x-k8s.io"
 NODE_NOT_READY_STAGE = "node-not-ready.stage.kwok.x-k8s.io"

@@ -49,6 +49,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from topotrain.contract import CONTROL_DIR, CONTROL_DIR_ENV
 
+from testbed.client import api_client, core_v1
 from testbed.components import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE
 from testbed.faults import NODE_NOT_READY_STAGE
 from testbed.harness_env import (
@@ -72,7 +73,6 @@ from testbed.harness_proc import (
     tail,
     terminated_status,
 )
-from testbed.kube import api_client, core_v1
 from testbed.procs import free_port, group_alive, signal_group
 
 JOB_LABEL = "topotrain.io/job"

@@ -36,10 +36,10 @@ from kubernetes.client.exceptions import ApiException
 from topotrain.contract import HOLD_RELEASE
 
 from testbed.binaries import REPO_ROOT, bin_dir, code_path
+from testbed.client import api_client, core_v1
 from testbed.harness import PodProcessHarness
 from testbed.harness_env import container_argv, container_env, read_env_source
 from testbed.harness_proc import json_lines
-from testbed.kube import api_client, core_v1
 from testbed.procs import free_port, signal_group, wait_until
 
 if TYPE_CHECKING:

@@ -1,4 +1,5 @@
-"""The Kubernetes client edge of the testbed: one place that builds clients."""
+"""A cluster as tests see it: its kubeconfig, a client, kubectl and helm, and the testbed if it
+is one. The clients themselves are built by testbed/client.py."""
 
 from __future__ import annotations
 
@@ -8,28 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kubernetes import client, config
-
 from testbed.binaries import bin_dir
 
 if TYPE_CHECKING:
     from testbed.cluster import Testbed
-
-
-def api_client(kubeconfig: Path | str) -> client.ApiClient:
-    """A kubernetes ApiClient for `kubeconfig` (use it as a context manager)."""
-    configuration = client.Configuration()
-    config.load_kube_config(  # type: ignore[no-untyped-call]
-        config_file=str(kubeconfig), client_configuration=configuration
-    )
-    # Room for the thread pools that create a fleet's nodes in parallel.
-    configuration.connection_pool_maxsize = 16
-    return client.ApiClient(configuration)
-
-
-def core_v1(api: client.ApiClient) -> Any:
-    """CoreV1Api, typed loosely: the testbed sends plain-dict manifests and patches."""
-    return client.CoreV1Api(api)
 
 
 @dataclass

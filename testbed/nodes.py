@@ -12,7 +12,7 @@ from typing import Any
 
 from kubernetes.client import ApiException
 
-from testbed.kube import api_client, core_v1
+from testbed.client import api_client, core_v1
 from testbed.topology import (
     PRELOAD_NAMESPACE,
     TOPOLOGY_LABEL,

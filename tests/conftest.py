@@ -69,7 +69,7 @@ def kueue(kube: Kube) -> Iterator[KueueStack]:
 
 @pytest.fixture(scope="session")
 def kube() -> Iterator[Kube]:
-    from testbed.kube import api_client
+    from testbed.client import api_client
 
     given = os.environ.get("KUBECONFIG")
     if given:

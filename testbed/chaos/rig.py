@@ -28,10 +28,10 @@ from kubernetes.client.exceptions import ApiException
 from testbed.chaos.history import History, Observer
 from testbed.chaos.s3proxy import S3Proxy
 from testbed.chaos.workload import Workload
+from testbed.client import api_client, core_v1
 from testbed.cluster import CONTROL_PLANE, Testbed
 from testbed.components import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE
 from testbed.harness_stack import S3Target, Stack
-from testbed.kube import api_client, core_v1
 from testbed.nodes import apply_topology, wait_nodes_ready
 from testbed.procs import free_port, signal_group, wait_until
 
@@ -204,7 +204,7 @@ class Rig:
             self._api.close()
         self.bed.down()
 
-    # --- helpers the nemesis and workload use ----------------------------------
+    # --- helpers the nemesis uses --------------------------------------------------
 
     def job_names(self) -> list[str]:
         return self.workload.job_names()

@@ -72,7 +72,8 @@ def run_soak(config: SoakConfig, workdir: Path, log: Any = print) -> SoakResult:
         log(f"testbed, fleet and stack up in {rig.setup_seconds:.0f}s ({len(rig.node_names)} nodes)")
         rig.history.add("soak-start", namespace=rig.namespace, seed=config.seed, faults=config.faults,
                         jobs=config.jobs, replicas=config.replicas, nodes=len(rig.node_names))  # fmt: skip
-        rig.workload = Workload(rig, config.seed, config.jobs, config.steps, config.step_seconds)
+        rig.workload = Workload(rig.stack, rig.history, rig.namespace, config.seed, config.jobs,
+                                config.steps, config.step_seconds)
         rig.workload.tick(keep_going=True)
         nemesis = Nemesis(rig, plan, calm=config.calm)
         began = time.time()

@@ -13,14 +13,13 @@ from __future__ import annotations
 import random
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
 from testbed.binaries import REPO_ROOT
-
-if TYPE_CHECKING:
-    from testbed.chaos.rig import Rig
+from testbed.chaos.history import History
+from testbed.harness_stack import Stack
 
 STANDIN = REPO_ROOT / "testbed" / "standin.py"
 INTERVAL_STEPS = 10
@@ -74,9 +73,11 @@ def job_spec(plan: JobPlan, step_seconds: float) -> dict[str, Any]:
 
 
 class Workload:
-    def __init__(self, rig: Rig, seed: int, concurrent: int, steps: tuple[int, int],
-                 step_seconds: float) -> None:  # fmt: skip
-        self.rig = rig
+    """The jobs of the soak, created through `stack` in `namespace`, each step recorded in `history`."""
+
+    def __init__(self, stack: Stack, history: History, namespace: str, seed: int, concurrent: int,
+                 steps: tuple[int, int], step_seconds: float) -> None:  # fmt: skip
+        self.stack, self.history, self.namespace = stack, history, namespace
         self.random = random.Random(seed ^ 0x5EED)
         self.concurrent = concurrent
         self.steps = steps
@@ -103,37 +104,37 @@ class Workload:
             self.plans[plan.name] = plan
             self.active.add(plan.name)
         try:
-            self.rig.stack.apply_job(plan.name, job_spec(plan, self.step_seconds))
+            self.stack.apply_job(plan.name, job_spec(plan, self.step_seconds))
         except Exception:
             with self._lock:  # never created: not part of the workload
                 self.plans.pop(plan.name)
                 self.active.discard(plan.name)
             raise
-        self.rig.history.add("job-created", job=plan.name, shape=shape.name, seed=plan.seed,
-                             steps=plan.steps, interval=INTERVAL_STEPS, keep=KEEP)  # fmt: skip
+        self.history.add("job-created", job=plan.name, shape=shape.name, seed=plan.seed,
+                         steps=plan.steps, interval=INTERVAL_STEPS, keep=KEEP)  # fmt: skip
         return plan
 
     def delete(self, job: str) -> None:
         with self._lock:
             self.active.discard(job)
             self.deleted.add(job)
-        self.rig.history.add("job-deleted", job=job)
+        self.history.add("job-deleted", job=job)
         try:
-            self.rig.stack.custom.delete_namespaced_custom_object(
-                "topotrain.io", "v1alpha1", self.rig.namespace, "trainingjobs", job)
+            self.stack.custom.delete_namespaced_custom_object(
+                "topotrain.io", "v1alpha1", self.namespace, "trainingjobs", job)
         except ApiException as err:
             if err.status != 404:
                 raise
 
     def tick(self, keep_going: bool) -> None:
         """Retire jobs the API server shows finished; top the stream back up while `keep_going`."""
-        seen = self.rig.history.last("api")
+        seen = self.history.last("api")
         if seen is not None:
             finished = {j["name"]: j["phase"] for j in seen["jobs"] if j["phase"] in ("Succeeded", "Failed")}
             with self._lock:
                 done = [j for j in self.active if j in finished]
                 self.active.difference_update(done)
             for job in done:
-                self.rig.history.add("job-finished", job=job, phase=finished[job])
+                self.history.add("job-finished", job=job, phase=finished[job])
         while keep_going and len(self.job_names()) < self.concurrent:
             self.submit()
