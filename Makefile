@@ -21,9 +21,10 @@ chaos: ## the bounded seeded chaos soak (60 overlapping faults; docs/reliability
 unit: ## pure unit tests only (no cluster, no torch processes)
 	scripts/test.sh tests/unit
 
-lint: ## ruff + mypy --strict
+lint: ## ruff + mypy --strict + the layer contract (lint-imports)
 	$(VENV)/bin/ruff check operator trainer_image tests bench testbed scripts
 	$(VENV)/bin/mypy --strict operator/topotrain trainer_image/topotrain_trainer
+	$(VENV)/bin/lint-imports
 
 crds: ## regenerate the CRD from the API models (top level and chart)
 	$(VENV)/bin/topotrain crd -o crds/

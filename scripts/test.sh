@@ -61,6 +61,7 @@ echo "== ruff (at ${SECONDS}s)"
 ruff check operator trainer_image tests bench testbed scripts
 echo "== mypy --strict (at ${SECONDS}s)"
 mypy --strict operator/topotrain trainer_image/topotrain_trainer
+echo "== lint-imports"; lint-imports
 testbed_wait
 if [ "$kind" = 1 ]; then
   # Its builds (Go binaries, base and node images, our Dockerfiles: minutes on a cold machine,
