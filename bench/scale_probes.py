@@ -345,7 +345,7 @@ class HealthProbe:
         self.latencies: list[float] = []
         self.misses: list[float] = []  # time.time() of each miss
         self.why: Counter[str] = Counter()  # what each miss was
-        # the event loop's heartbeat age in each answer (topotrain.health): how long the loop
+        # the event loop's heartbeat age in each answer (topotrain.controller.health): how long the loop
         # went without running, which the answer's own latency no longer shows
         self.loop_ages: list[float] = []
         self.began, self.up_after = time.monotonic(), float("nan")  # seconds to the first answer

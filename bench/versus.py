@@ -18,7 +18,7 @@ one system after the other, on that same state:
   TrainingJobs;
 - Kueue + JobSet: Kueue (TAS on), JobSet, a Topology with the operator's levels, a
   ResourceFlavor per pool (H100 first), one ClusterQueue, a LocalQueue; the stream as the
-  JobSets of bench/versus_jobs.py (the annotations `topotrain.kueue` would ask for).
+  JobSets of bench/versus_jobs.py (the annotations `topotrain.core.kueue` would ask for).
 
 Only one system's controllers run at a time. Measured per system, by the same pod poll:
 apply -> all pods Running per job, admissions per minute (jobs Running over first apply ->

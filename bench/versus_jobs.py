@@ -1,7 +1,7 @@
 """bench/versus.py's jobs, pure: each benchmark job as a Kueue user writes it (a JobSet), the
 filler pods that fragment the fleet, and the cost model evaluated on the nodes a gang got.
 
-A JobSet gets what `topotrain.kueue` asks of Kueue for the same TrainingJob, as annotations
+A JobSet gets what `topotrain.core.kueue` asks of Kueue for the same TrainingJob, as annotations
 on its pod template: the gang preferred inside one block
 (`kueue.x-k8s.io/podset-preferred-topology`), and the one slice layer Kueue takes
 (`podset-slice-required-topology` + `podset-slice-size`) where the parallelism needs one. One
@@ -45,7 +45,7 @@ FILLER_SIZES = (1, 2, 4, 8, 8, 8, 8)  # GPUs a filler pod holds: whole nodes 4 t
 
 
 def kueue_annotations(shape: JobShape, topology: str, levels: TopologyLevels) -> dict[str, str]:
-    """`topotrain.kueue.topology_request` of the shape's TrainingJob, as JobSet annotations."""
+    """`topotrain.core.kueue.topology_request` of the shape's TrainingJob, as JobSet annotations."""
     spec = TrainingJobSpec.model_validate(shape.manifest("ns", topology)["spec"])
     request = topology_request(spec, levels)
     return {ANNOTATIONS[key]: str(value) for key, value in request.items()}

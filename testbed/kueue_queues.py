@@ -3,7 +3,7 @@ ResourceFlavor per GPU pool, one ClusterQueue over them and a LocalQueue, as a K
 would write them for the same nodes; and a Workload's topology assignment read back as
 (node label values, pods) pairs.
 
-The Topology's levels are the operator's own (`topotrain.kueue.topology_manifest`): block,
+The Topology's levels are the operator's own (`topotrain.core.kueue.topology_manifest`): block,
 rack, NVLink domain, host. Kueue's TAS ignores a node that lacks a value for any level, so
 when some pool has no multi-node NVLink domains (no `nvidia.com/gpu.clique` label: an HGX
 board is its own domain) the NVLink level is the hostname, which the Topology then lists
@@ -205,5 +205,5 @@ def queue_manifests(
 
 def assigned_domains(topology_assignment: Mapping[str, Any]) -> list[tuple[tuple[str, ...], int]]:
     """A v1beta2 `topologyAssignment` as [(values of its levels, pods in that domain)], read
-    as the operator reads it (`topotrain.kueue.topology_domains`)."""
+    as the operator reads it (`topotrain.core.kueue_admission.topology_domains`)."""
     return [(tuple(values), pods) for values, pods in topology_domains(topology_assignment)]

@@ -277,7 +277,7 @@ def test_helm_installs_and_uninstalls_a_chart(kube: Kube, namespace: str) -> Non
 
 
 def test_the_operators_pod_resync_lists_every_pod_page_by_page(kube: Kube, namespace: str) -> None:
-    """topotrain.kube.Kube.pod_uids (the ghost resync's LISTs) against the real API server:
+    """topotrain.controller.kube.Kube.pod_uids (the ghost resync's LISTs) against the real API server:
     every pod of the namespace, from the watch cache and from a consistent read, across pages."""
     from topotrain.controller.kube import Kube as OperatorKube
 

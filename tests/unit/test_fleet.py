@@ -1,4 +1,4 @@
-"""The free-GPU counts kept from watch events (topotrain.fleet) equal a full recount.
+"""The free-GPU counts kept from watch events (topotrain.controller.fleet) equal a full recount.
 
 Random sequences of node and pod events (added, modified, deleted; a pod replaced by a namesake
 without a deletion, as after a re-list) are applied both to a dict standing for kopf's index and to

@@ -1,4 +1,4 @@
-"""The job's Workload as the operator reads and writes it (handlers_queue.QueueLink), against an
+"""The job's Workload as the operator reads and writes it (controller/queue_link.py QueueLink), against an
 in-memory stand-in for the API server (a unit-test fake of `Kube`'s Kueue calls)."""
 
 from __future__ import annotations

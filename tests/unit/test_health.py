@@ -1,4 +1,4 @@
-"""topotrain.health: /healthz answered by its own thread from the event loop's heartbeat."""
+"""topotrain.controller.health: /healthz answered by its own thread from the event loop's heartbeat."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""kopf's start-up gate with topotrain.kopf_readiness: the same waits, a wake-up only per change."""
+"""kopf's start-up gate with topotrain.controller.kopf_readiness: the same waits, a wake-up only per change."""
 
 from __future__ import annotations
 

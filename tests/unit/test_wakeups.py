@@ -1,4 +1,4 @@
-"""Which job loops a watch event wakes (handlers_jobs.Operator): a job's own pods always;
+"""Which job loops a watch event wakes (controller/process.py Operator): a job's own pods always;
 freed GPUs and node changes only the jobs they can affect."""
 
 from __future__ import annotations

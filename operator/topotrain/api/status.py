@@ -78,7 +78,7 @@ class Reason:
     SUSPENDING = "Suspending"  # spec.suspend: waiting for the running gang's checkpoint
     SUSPENDED = "Suspended"  # spec.suspend: no pod runs
     RESUMED = "Resumed"  # spec.suspend back to false: the gang starts again
-    # Kueue (a job with the kueue.x-k8s.io/queue-name label; kueue.py, handlers_queue.py)
+    # Kueue (a job with the kueue.x-k8s.io/queue-name label; core/kueue*.py, controller/queue_link.py)
     WAITING_FOR_ADMISSION = "WaitingForAdmission"  # Kueue has not admitted the Workload yet
     KUEUE_ADMITTED = "AdmittedByKueue"
     EVICTED = "EvictedByKueue"  # Kueue took the admission back (preempted, ...): the gang stops

@@ -335,7 +335,7 @@ class Kube:
         parsed = parse_rank_table({**(cm.data or {}), **binary})
         return None if parsed is None else RankTable(*parsed)
 
-    # --- Kueue (handlers_queue.py) ---------------------------------------------
+    # --- Kueue (queue_link.py) -------------------------------------------------
 
     def workload(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._custom_get(namespace, name, "workloads")

@@ -182,7 +182,7 @@ def _run(args: argparse.Namespace) -> int:
     if not SETTINGS.verbose:  # kopf reports every successful watch handler at INFO
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     kopf_readiness.install()  # a fleet of thousands of nodes is listed in seconds, not minutes
-    # /healthz from a thread of its own, judged by the event loop's heartbeat (topotrain.health):
+    # /healthz from a thread of its own, judged by the event loop's heartbeat (controller/health.py):
     # kopf's endpoint shares the loop with every watch event and answered late on a busy fleet.
     health = LoopHealth(SETTINGS.liveness_stall_seconds)
     try:
@@ -218,7 +218,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def add_run_parser(subparsers: Any) -> None:
-    """`topotrain run`: registered by topotrain.cli."""
+    """`topotrain run`: registered by topotrain.cli.main."""
     parser = subparsers.add_parser(
         "run", help="run the operator (kopf) against $KUBECONFIG or the in-cluster API",
         description="Run the topotrain operator. Flags override TOPOTRAIN_* environment variables.",

@@ -6,11 +6,11 @@ it. topotrain plays the part Kueue's own job integrations play for a batch Job o
 - it creates the Workload (kueue.py `workload_for`: one podSet, the GPU requests, the TAS
   request derived from the parallelism), owned by the TrainingJob, so deleting the job releases
   the quota; a Workload of that name left by a deleted namesake is deleted first;
-- while Kueue has not admitted it, the job waits (core/kueue_admission.py `QueueGate`, condition Admitted
-  False naming the ClusterQueue); once admitted, the planner sees only the nodes of Kueue's
-  topology assignment (each with room for the pods Kueue put there), at the admitted size (a
-  partial admission gives a smaller allowed data degree), and the pods it places there carry
-  a TAS annotation so Kueue counts them once; when they no longer fit there (a node of the
+- while Kueue has not admitted it, the job waits (kueue_admission.py `QueueGate`, condition
+  Admitted False naming the ClusterQueue); once admitted, the planner sees only the nodes of
+  Kueue's topology assignment (each with room for the pods Kueue put there), at the admitted
+  size (a partial admission gives a smaller allowed data degree), and the pods it places there
+  carry a TAS annotation so Kueue counts them once; when they no longer fit there (a node of the
   assignment was lost), the admitted ResourceFlavor's nodes;
 - when Kueue evicts it (a preemption, a deactivation), the gang checkpoints and stops as for
   spec.suspend, and once none of its pods is left the quota is given back (`release`), so Kueue

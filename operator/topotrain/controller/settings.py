@@ -55,7 +55,7 @@ class Settings:
     labels: TopologyLevels = field(default_factory=TopologyLevels)
     metrics_port: int = 9090
     health_port: int = 8080
-    # /healthz is answered by a thread (topotrain.health); it fails once the event loop has not
+    # /healthz is answered by a thread (controller/health.py); it fails once the event loop has not
     # ticked for this long, so a loop busy with a burst of watch events is not restarted.
     liveness_stall_seconds: float = 60.0
     peering: str = "topotrain"

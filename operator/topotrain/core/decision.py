@@ -94,6 +94,6 @@ class Decision:
     first_step: tuple[float, str] | None = None  # (time to first step, cause) for its histogram
     checkpoint_request: planned.CheckpointAsk | None = None  # before a planned change (planned.py)
     placement_cost: float | None = None
-    # Kueue evicted the job and none of its pods is left: give the quota back (handlers_queue.py
+    # Kueue evicted the job and none of its pods is left: give the quota back (queue_link.py
     # clears the Workload's admission, so Kueue requeues it).
     release_quota: bool = False

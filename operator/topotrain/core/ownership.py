@@ -13,7 +13,7 @@ the checkpoint prefix `<uri>/<namespace>/<name>` still holds the old run. So:
   job wrote only when `spec.checkpoint.resumePolicy: Always` says so, and then
   status says whose they were (`status.resumedFrom`).
 
-Pure: no Kubernetes or S3 client; the edges (kube.py, handlers_observe.py)
+Pure: no Kubernetes or S3 client; the edges (controller/kube.py, observe.py)
 read the objects and call these functions.
 """
 
