@@ -154,7 +154,9 @@ timed "kind load (operator, s3 onto $control_plane)" \
 # older build, seen once in CI) gets it loaded, slower but the same cluster.
 missing=()
 for node in ${workers//,/ }; do
-  docker exec "$node" ctr -n k8s.io images ls -q | grep -qxF "$trainer_image" || missing+=("$node")
+  # (read whole, then searched: `| grep -q` under pipefail fails on ctr's SIGPIPE)
+  listed=$(docker exec "$node" ctr -n k8s.io images ls -q)
+  grep -qxF "$trainer_image" <<<"$listed" || missing+=("$node")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   log "workers ${missing[*]} do not hold $trainer_image (node image $(docker inspect -f '{{.Config.Image}}' "${missing[0]}")); loading it"

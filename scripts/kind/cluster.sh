@@ -105,7 +105,8 @@ create() {
     || docker network create --driver bridge --label io.topotrain.kind="$cluster" "$network" >/dev/null
   ln -sf "$kind_root/scripts/kind/docker" "$kind_cache/wrap/docker"
   effective_config > "$state/kind-config.yaml"
-  if ! kind get clusters 2>/dev/null | grep -qx "$cluster"; then
+  clusters=$(kind get clusters 2>/dev/null || true)  # (not piped into grep -q: SIGPIPE under pipefail)
+  if ! grep -qx "$cluster" <<<"$clusters"; then
     timed "kind create cluster" kind create cluster --name "$cluster" \
       --config "$state/kind-config.yaml" --kubeconfig "$kubeconfig" --retain=false >&2
   else

@@ -154,11 +154,16 @@ preload() {
   for t in "$@"; do
     docker save "$t" | docker exec -i "$cid" ctr -n k8s.io images import --all-platforms --no-unpack --digests - >/dev/null
   done
-  docker exec "$cid" ctr -n k8s.io images ls -q | grep -v '^sha256:' >&2
+  # The listing is read whole before it is searched: `ctr ... | grep -q` under pipefail fails when
+  # grep stops reading at its match while ctr still writes (SIGPIPE), a false "not imported" that
+  # a loaded machine produced (fixed 2026-12-05).
+  local listed
+  listed=$(docker exec "$cid" ctr -n k8s.io images ls -q)
+  grep -v '^sha256:' <<<"$listed" >&2 || true
   # An import that lost an image (seen once in CI: a worker image without the trainer) is not
   # committed: check every name before the image is tagged with its key.
   for t in "$@"; do
-    docker exec "$cid" ctr -n k8s.io images ls -q | grep -qxF "$t" \
+    grep -qxF "$t" <<<"$listed" \
       || { docker rm -f -v "$cid" >/dev/null; echo "preload: $t is not in $tag's containerd after its import" >&2; return 1; }
   done
   docker exec "$cid" bash -c 'kill $(pidof containerd); while pidof containerd >/dev/null; do sleep 0.2; done; rm -f /tmp/containerd.log'

@@ -65,7 +65,7 @@ key_of() {
 docker_build() {
   if docker buildx version >/dev/null 2>&1; then
     DOCKER_BUILDKIT=1 docker build "$@"
-  elif [ -x /usr/bin/docker ] && /usr/bin/docker version --format '{{.Client.Version}}' | grep -q '^20\.'; then
+  elif [ -x /usr/bin/docker ] && [[ "$(/usr/bin/docker version --format '{{.Client.Version}}')" == 20.* ]]; then
     DOCKER_BUILDKIT=1 /usr/bin/docker build "$@"
   else
     die "no Docker CLI with BuildKit (install the buildx plugin)"
