@@ -9,10 +9,24 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 # The testbed's Go builds (CPU; about 20 minutes on a cold machine) run while the venv is made
 # (mostly downloads) and lint and mypy run; nothing before pytest needs them.
+# Where the time goes: each stage's start and end (seconds since the start), printed as a table
+# at the end of a whole run (docs/testbed.md, "CI budget").
+stages=$(mktemp)
+stage() { echo "$1 $2 $SECONDS" >>"$stages"; }  # stage begin|end NAME
+stage_table() {
+  echo "== CI stages (seconds since the start; the run took ${SECONDS}s)"
+  awk '$1 == "begin" { b[$2] = $3; order[++n] = $2 } $1 == "end" { e[$2] = $3 }
+       END { printf "%-28s %7s %7s %7s\n", "stage", "start", "end", "seconds"
+             for (i = 1; i <= n; i++) { k = order[i]; if (k in e) printf "%-28s %7d %7d %7d\n", k, b[k], e[k], e[k] - b[k]
+                                        else printf "%-28s %7d %7s %7s\n", k, b[k], "-", "-" } }' "$stages"
+}
 testbed_log=$(mktemp)
-testbed/build.sh >"$testbed_log" 2>&1 &
+stage begin testbed-build
+(testbed/build.sh; c=$?; echo "end testbed-build $SECONDS" >>"$stages"; exit $c) >"$testbed_log" 2>&1 &
 testbed_build=$!
+stage begin venv
 venv=$(scripts/bootstrap.sh trainer | tail -n 1)
+stage end venv
 export PATH="$venv/bin:$PATH"
 # This checkout's code first: the cached venv is shared by every checkout on the machine.
 export PYTHONPATH="$root/operator:$root/trainer_image:$root${PYTHONPATH:+:$PYTHONPATH}"
@@ -37,7 +51,9 @@ fi
 # the lowest priority beside the main suites, which leave them out; their tests run at the end.
 kueue_build_start() {
   kueue_log=$(mktemp)
-  nice -n 19 testbed/build.sh kueue jobset >"$kueue_log" 2>&1 &
+  stage begin kueue-build
+  (nice -n 19 testbed/build.sh kueue jobset; c=$?; echo "end kueue-build $SECONDS" >>"$stages"; exit $c) \
+    >"$kueue_log" 2>&1 &
   kueue_build=$!
 }
 kueue_tests() {
@@ -46,7 +62,8 @@ kueue_tests() {
   grep -E ' took ' "$kueue_log" || true
   if [ $c -ne 0 ]; then tail -n 40 "$kueue_log" >&2; echo "testbed/build.sh kueue jobset failed (exit $c)" >&2; return 1; fi
   echo "== pytest -m kueue (Kueue and JobSet beside the testbed; build waited $((SECONDS - start))s, at ${SECONDS}s)"
-  python -m pytest tests -m kueue --durations=10
+  stage begin pytest-kueue
+  python -m pytest tests -m kueue --durations=10 && stage end pytest-kueue
 }
 testbed_wait() {
   local start=$SECONDS c=0
@@ -57,11 +74,13 @@ testbed_wait() {
   export PATH="$bin:$PATH"
   echo "== testbed binaries: $bin (waited $((SECONDS - start))s)"
 }
+stage begin lint
 echo "== ruff (at ${SECONDS}s)"
 ruff check operator trainer_image tests bench testbed scripts
 echo "== mypy --strict (at ${SECONDS}s)"
 mypy --strict operator/topotrain trainer_image/topotrain_trainer
 echo "== lint-imports"; lint-imports
+stage end lint
 testbed_wait
 if [ "$kind" = 1 ]; then
   # Its builds (Go binaries, base and node images, our Dockerfiles: minutes on a cold machine,
@@ -73,7 +92,9 @@ if [ "$kind" = 1 ]; then
   echo "== kind: preparing in the background (log: $kind_log)"
   # The cluster's owner is this run: a cluster left by an earlier run that was killed is deleted.
   export TOPOTRAIN_KIND_OWNER=$$
-  nice -n 19 scripts/kind-e2e.sh --prepare >"$kind_log" 2>&1 &
+  stage begin kind-prepare
+  (nice -n 19 scripts/kind-e2e.sh --prepare; c=$?; echo "end kind-prepare $SECONDS" >>"$stages"; exit $c) \
+    >"$kind_log" 2>&1 &
   kind_prepare=$!
   kind_pending() { kill "$kind_prepare" 2>/dev/null && wait "$kind_prepare" 2>/dev/null; }
   trap kind_pending EXIT
@@ -90,8 +111,10 @@ if [ $# -eq 0 ]; then
   [ "$kind" = 1 ] && set -- "$@" --ignore=tests/unit
   kueue_build_start
 fi  # (otherwise tests/conftest.py's `kueue` fixture builds them when a selected test needs them)
+stage begin pytest
 python -m pytest "$@"
 code=$?
+stage end pytest
 set -e
 # pytest exit 5 means it collected nothing: that is a failure here, not a pass.
 [ $code -eq 5 ] && { echo "pytest ran no tests" >&2; exit 1; }
@@ -109,13 +132,16 @@ if [ "$kind" = 1 ]; then
   start=$SECONDS
   # (after a failed preparation its builds run again here)
   echo "== kind (scripts/kind-e2e.sh: images, a kind cluster, tests/kind; at ${SECONDS}s), and beside it pytest tests/unit"
-  scripts/kind-e2e.sh &
+  stage begin kind-stage
+  (scripts/kind-e2e.sh; c=$?; echo "end kind-stage $SECONDS" >>"$stages"; exit $c) &
   kind_stage=$!
   trap 'kill "$kind_stage" 2>/dev/null; wait "$kind_stage" 2>/dev/null' EXIT
   unit_log=$(mktemp)
   set +e
+  stage begin pytest-unit
   nice -n 19 python -m pytest tests/unit --durations=10 >"$unit_log" 2>&1
   unit_code=$?
+  stage end pytest-unit
   echo "== pytest tests/unit: exit $unit_code after $((SECONDS - start))s (beside the kind stage)"
   cat "$unit_log"
   [ $unit_code -eq 0 ] || code=1
@@ -128,4 +154,5 @@ if [ "$kind" = 1 ]; then
   echo "== kind: exit $kind_code after $((SECONDS - start))s"
   [ $kind_code -eq 0 ] || code=1
 fi
+stage_table
 exit $code

@@ -32,7 +32,7 @@ from testbed.harness_stack import (
 )
 from testbed.kube import Kube
 from testbed.procs import wait_until
-from tests.e2e.jobs import JOB_TIMEOUT, phase_is, spec_3d
+from tests.e2e.jobs import JOB_TIMEOUT, phase_is, spec_dp2
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -86,7 +86,11 @@ def stack(
 def reference(
     kube: Kube, s3_target: S3Target, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Any]]:
-    """One uninterrupted 3D run to completion: its final job, log events, losses, committed steps.
+    """One uninterrupted run to completion: its final job, log events, losses, committed steps.
+
+    Two one-rank pods (dp=2): the 3D mesh through the operator runs on real kubelets in the kind
+    suite (tests/kind/test_01_training.py), and against the single-process reference in
+    tests/trainer; here a quarter of the processes keeps CI inside its budget.
 
     The other tests hold their losses to this run's: same model, seed, global
     batch and schedule, so the same loss at every step whatever the mesh.
@@ -94,7 +98,7 @@ def reference(
     with stack_in_new_namespace(
         kube, s3_target, tmp_path_factory.mktemp("reference"), "e2e-ref"
     ) as stack:
-        stack.apply_job("ref", spec_3d())
+        stack.apply_job("ref", spec_dp2())
         job = stack.wait_job("ref", phase_is("Succeeded"), timeout=JOB_TIMEOUT, what="Succeeded")
         wait_until(
             lambda: not stack.pods("ref"), timeout=120, what="the finished job's pods to be gone"

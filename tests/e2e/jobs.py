@@ -46,6 +46,18 @@ def spec_3d(*, hold: bool = False, **failure_policy: Any) -> dict[str, Any]:
     }
 
 
+def spec_dp2(*, hold: bool = False, **failure_policy: Any) -> dict[str, Any]:
+    """dp=2 on 1-GPU pods: 2 pods of 1 rank, the gang of the tests about the operator's handling
+    of a fault (the trainer's 3D meshes are held to the reference by tests/trainer, the 3D
+    reference run below and the kind suite; a quarter of the processes keeps CI inside its
+    budget). Same training as the 3D run, so the same losses within LOSS_ATOL."""
+    return {
+        **spec_3d(hold=hold, **failure_policy),
+        "parallelism": {"tensor": 1, "pipeline": 1, "data": 2},
+        "worker": {"gpusPerPod": 1, "gpuTypes": ["H100-80GB"]},
+    }
+
+
 def phase_is(phase: str) -> Callable[[dict[str, Any]], bool]:
     return lambda job: job.get("status", {}).get("phase") == phase
 

@@ -39,7 +39,7 @@ from tests.e2e.jobs import (
     last_step,
     of_kind,
     phase_is,
-    spec_3d,
+    spec_dp2,
 )
 from tests.trainer.reference import reference_run
 
@@ -73,9 +73,9 @@ def stack_evicted_first(kube: Kube, s3_target: S3Target, tmp_path: Path) -> Iter
 
 
 def _training(stack: Stack, name: str) -> tuple[dict[str, Any], list[str], int]:
-    """A 3D job trained past its first commit: its training section, its nodes, its last step."""
+    """A job trained past its first commit: its training section, its nodes, its last step."""
     training = holding({**TRAINING, "steps": STEPS})
-    stack.apply_job(name, {**spec_3d(), "training": training})
+    stack.apply_job(name, {**spec_dp2(), "training": training})
     wait_until(lambda: held(stack, name), timeout=JOB_TIMEOUT,
                what="a committed checkpoint and a step more")  # fmt: skip
     drained = sorted({p["spec"]["nodeName"] for p in stack.pods(name)})

@@ -4,7 +4,7 @@ capacity returns and it grows back.
 
 The job gets a GPU pool of its own: two 1-GPU KWOK nodes, so losing one
 leaves no room for data=2. Its losses at every degree are held to the
-uninterrupted 3D run of test_training (same model, seed, global batch and
+uninterrupted run of test_training (same model, seed, global batch and
 schedule: the trainer reproduces a single-process run at any mesh within its
 tolerance). Trainer processes run through the pod process harness.
 """

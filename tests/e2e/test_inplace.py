@@ -29,7 +29,7 @@ from tests.e2e.jobs import (
     holding,
     of_kind,
     phase_is,
-    spec_3d,
+    spec_dp2,
 )
 
 
@@ -54,7 +54,7 @@ def test_killed_trainer_restarts_in_place_with_the_uninterrupted_losses(
     stack: Stack, reference: dict[str, Any], in_place: bool
 ) -> None:
     name = "crash"
-    stack.apply_job(name, spec_3d(hold=True, restartInPlace=in_place))
+    stack.apply_job(name, spec_dp2(hold=True, restartInPlace=in_place))
     before, victim, status = crash_pod_one(stack, name)
     assert status["lastFailure"]["reason"] == "PodFailed" and status["lastFailure"]["pod"] == victim
     after = live_uids(stack, name)
