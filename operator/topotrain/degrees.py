@@ -182,7 +182,8 @@ def _spec_rules(name: str) -> list[dict[str, str]]:
         {
             "rule": f"{guard}!{states} || {gb} % ({mb} * {data}) == 0",
             "message": f"{head}training.globalBatch must be a multiple of training.microBatch*{name} "
-            f"(defaults: globalBatch {DEFAULT_GLOBAL_BATCH}, microBatch {DEFAULT_MICRO_BATCH})",
+            f"(both as this job sets them; one it leaves unset is the default, globalBatch "
+            f"{DEFAULT_GLOBAL_BATCH}, microBatch {DEFAULT_MICRO_BATCH})",
             "fieldPath": f".parallelism.{name}",
         },
         {

@@ -110,6 +110,8 @@ def test_scale_refuses_a_data_degree_the_bundled_trainer_rejects(
     assert "spec.parallelism.data: Invalid value" in refused.stderr, refused.stderr
     assert ("spec.parallelism.data is not an allowed data degree: training.globalBatch must be a "
             "multiple of training.microBatch*data") in refused.stderr, refused.stderr
+    # the job's own settings (64), not only the defaults, are what the rule was checked with
+    assert "both as this job sets them" in refused.stderr, refused.stderr
     assert spec_data(kube, namespace, "batch") == 4
     kube.kubectl("-n", namespace, "scale", "tj/batch", "--replicas=2")
     assert spec_data(kube, namespace, "batch") == 2

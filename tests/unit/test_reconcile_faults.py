@@ -127,6 +127,31 @@ def test_a_node_that_keeps_crashing_the_job_is_avoided_by_its_replans() -> None:
     assert any(reason == Reason.NODE_AVOIDED for _, reason, _ in d.events)
 
 
+def test_the_failure_that_gets_a_node_avoided_is_charged_to_the_node_not_the_application() -> None:
+    """A node whose pods always crash, maxRestarts 1, a spare node free: the second crash on it
+    gets it avoided; that crash is the node's, so the job moves off it on the infrastructure
+    budget instead of failing MaxRestartsExceeded in the same pass (found by reading the code:
+    both restarts were charged to application)."""
+    planner = FakePlanner()
+    obs = running_job(spec=spec(nodeFailureThreshold=2, maxRestarts=1), planner=planner)
+    d, obs = _crash_on(obs, 0, 1, 5)  # the first crash on n1: the application's, 1 of 1
+    assert d.status.restarts_by_class is not None and d.status.restarts_by_class.application == 1
+    assert d.launch is not None and d.launch.assignments[1] == "n1"
+    obs = replace(obs, rank_table=RankTable(1, 2, dict(d.launch.assignments)))
+    _, obs = run(obs, pods=gang(1), now=at(6))
+    d, obs = _crash_on(obs, 1, 1, 10)  # n1 again: avoided, and this failure is n1's
+    assert d.status.phase != "Failed", d.status.message
+    assert d.launch is not None and d.launch.assignments[1] != "n1"
+    used = d.status.restarts_by_class
+    assert used is not None and (used.application, used.infrastructure) == (1, 1)
+    assert d.status.last_failure is not None and "charged to the infrastructure budget" in d.status.last_failure.message
+    # a third crash elsewhere is the application's again, and its budget is spent
+    obs = replace(obs, rank_table=RankTable(2, 2, dict(d.launch.assignments)))
+    _, obs = run(obs, pods=gang(2, nodes=dict(d.launch.assignments)), now=at(11))
+    d, _ = _crash_on(obs, 2, 0, 15)
+    assert d.status.phase == "Failed" and d.status.reason == Reason.MAX_RESTARTS
+
+
 def test_avoided_nodes_are_used_again_when_nothing_else_fits() -> None:
     # A small pool whose every node reached the threshold (seen in the chaos soak: both jobs
     # stranded InsufficientCapacity forever). Avoiding must never strand the job.

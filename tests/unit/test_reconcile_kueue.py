@@ -14,6 +14,8 @@ from test_reconcile_suspend import suspended_spec
 from topotrain.api.status import ConditionType as C
 from topotrain.api.status import Reason
 from topotrain.core.kueue_admission import QueueGate
+from topotrain.core.planned import CHECKPOINT_REQUEST_TIMEOUT
+from topotrain.core.reconcile_status import CheckpointView
 
 WAITING = QueueGate(admitted=False, message=(
     "waiting for Kueue admission in ClusterQueue team-a: couldn't assign flavors to pod set "
@@ -142,3 +144,28 @@ def test_pods_on_kueues_assigned_nodes_carry_the_tas_annotation_and_others_do_no
     pods = actuator._manifests(JobMeta("llm", "team", "uid"), spec(), launch)
     marked = [TAS_POD_ANNOTATION in p["metadata"].get("annotations", {}) for p in pods]
     assert marked == [True, False], "pod 0 is on Kueue's node a, pod 1 on b"
+
+
+def test_an_eviction_is_not_held_up_by_an_unreadable_store_past_the_bound() -> None:
+    """A tenant whose store is down (or who deleted its credentials Secret) cannot make its job
+    unpreemptible: past the request's bound the gang stops and the quota goes back anyway."""
+    down = CheckpointView(reachable=False, error="Secret team-a/s3 not found")
+    obs = replace(running_job(), queue=EVICTED)
+    pods = gang(0)
+    d, obs = run(obs, pods=pods, now=at(10), checkpoint=down)
+    value = request_of(d)
+    assert not d.delete and not d.release_quota and d.status.phase == "Running"
+    # within the bound it still waits for the checkpoint it asked for
+    d, obs = run(obs, pods=asked(pods, value), now=at(10 + CHECKPOINT_REQUEST_TIMEOUT - 5),
+                 checkpoint=down)  # fmt: skip
+    assert not d.delete and d.requeue_after is not None and d.requeue_after <= 5
+    # past it: stopped, Suspended, and once the pods are gone the quota is released
+    d, obs = run(obs, pods=asked(pods, value), now=at(10 + CHECKPOINT_REQUEST_TIMEOUT + 1),
+                 checkpoint=down)  # fmt: skip
+    assert sorted(d.delete) == sorted(p.name for p in pods)
+    assert d.status.phase == "Suspended" and d.status.attempt == 1 and d.status.restarts == 0
+    timed_out = [e for e in d.events if e[1] == Reason.CHECKPOINT_TIMED_OUT]
+    assert timed_out and "unreadable" in timed_out[0][2] and "Secret team-a/s3 not found" in timed_out[0][2]
+    assert d.status.checkpoint_request is not None and d.status.checkpoint_request.state == "TimedOut"
+    d, _ = run(obs, pods=(), now=at(10 + CHECKPOINT_REQUEST_TIMEOUT + 5), checkpoint=down)
+    assert d.release_quota and d.launch is None

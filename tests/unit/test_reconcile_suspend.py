@@ -11,6 +11,8 @@ from test_reconcile_planned import LAST, asked, at, request_of, served
 from topotrain.api.status import ConditionType as C
 from topotrain.api.status import Reason
 from topotrain.core.decision import Observed
+from topotrain.core.planned import CHECKPOINT_REQUEST_TIMEOUT
+from topotrain.core.reconcile_status import CheckpointView
 
 
 def suspended_spec(on: bool = True) -> Any:
@@ -102,3 +104,17 @@ def test_a_failed_pod_of_a_suspended_job_is_no_failure() -> None:
     pods[2] = replace(pods[2], phase="Failed", exit_code=1)
     d, _ = run(obs, pods=tuple(pods), now=at(12))
     assert d.status.restarts == 0 and d.status.phase == "Suspended"
+
+
+def test_suspend_is_bounded_while_the_store_is_unreadable() -> None:
+    """spec.suspend waits for its checkpoint no longer than the bound, store readable or not
+    (a resize, the job's own change, still waits: test_reconcile_planned)."""
+    down = CheckpointView(reachable=False, error="Could not connect to the endpoint URL")
+    obs = replace(running_job(), spec=suspended_spec())
+    d, obs = run(obs, pods=gang(0), now=at(10), checkpoint=down)
+    value = request_of(d)
+    assert not d.delete and d.status.phase == "Running"
+    d, _ = run(obs, pods=asked(gang(0), value), now=at(10 + CHECKPOINT_REQUEST_TIMEOUT + 1),
+               checkpoint=down)  # fmt: skip
+    assert len(d.delete) == 4 and d.status.phase == "Suspended" and d.status.attempt == 1
+    assert Reason.CHECKPOINT_TIMED_OUT in [e[1] for e in d.events]

@@ -30,6 +30,8 @@ from topotrain.core.reconcile_status import CheckpointView, StatusBuilder, iso
 # large model's save should still fit. Past it the change resumes from the last commit.
 CHECKPOINT_REQUEST_TIMEOUT = 120.0
 POLL_SECONDS = 2.0  # how often a pass looks for the requested COMMITTED while waiting
+# Stops that another party waits for: their bound holds even while the store is unreadable.
+BOUNDED_WHATEVER_THE_STORE = frozenset({"evict", "suspend"})
 
 
 @dataclass(frozen=True)
@@ -63,8 +65,12 @@ def checkpoint_first(
 
     Ready at once without a checkpoint store (nothing could be saved), and with `timeout` 0
     (checkpoint-on-demand turned off: the change resumes from the last commit, as before it
-    existed). Never ready while the store is unreadable: a planned change waits rather than
-    guess the resume step.
+    existed). While the store is unreadable a change of the job's own (a resize, a roll, a
+    drain) waits rather than guess the resume step; a stop that someone else waits for (a
+    Kueue eviction, `spec.suspend`) gets no more than `timeout` whatever the store's state: a
+    job whose store is down, or whose credentials Secret its tenant deleted, must not keep its
+    GPUs and its quota for ever. Its trainers' SIGTERM save still runs; the resume step is read
+    from the store when the job starts again.
     """
     if view is None or timeout <= 0:
         cancel(sb)  # a request made before the operator's setting changed is not waited for
@@ -77,14 +83,23 @@ def checkpoint_first(
         sb.events.append(("Normal", Reason.CHECKPOINT_REQUESTED,
                           f"{reason}: asked attempt {attempt} for a checkpoint at its next step "
                           f"(waits up to {timeout:.0f}s, then resumes from the last commit)"))
+    waited = (now - sb.parse(req.time)).total_seconds()
     if not view.reachable:
-        return Wait(ready=False, ask=_ask(req, pods), requeue_after=POLL_SECONDS)
+        if reason in BOUNDED_WHATEVER_THE_STORE and waited >= timeout:
+            req.state = "TimedOut"
+            sb.events.append(("Warning", Reason.CHECKPOINT_TIMED_OUT,
+                              f"{reason}: the checkpoint asked {int(waited)}s ago cannot be seen, "
+                              f"the checkpoint store is unreadable ({view.error or 'no answer'}); "
+                              f"stopping the gang anyway (bound {timeout:.0f}s): it resumes from "
+                              f"the newest commit the store holds when it starts again"))
+            return Wait(ready=True)
+        wait = POLL_SECONDS if reason not in BOUNDED_WHATEVER_THE_STORE else min(POLL_SECONDS, timeout - waited)
+        return Wait(ready=False, ask=_ask(req, pods), requeue_after=wait)
     if view.request == req.value and view.request_step is not None:
         req.state, req.step = "Committed", view.request_step
         sb.events.append(("Normal", Reason.CHECKPOINT_SERVED,
                           f"{reason}: checkpoint of step {req.step} committed; changing the gang"))
         return Wait(ready=True, resume_step=req.step)
-    waited = (now - sb.parse(req.time)).total_seconds()
     if waited >= timeout:
         req.state, req.step = "TimedOut", view.step
         last = "from scratch" if view.step is None else f"from the last commit, step {view.step}"

@@ -116,10 +116,11 @@ class Failure:
     exit_code: int | None = None
     lost_nodes: frozenset[str] = field(default_factory=frozenset)
     blamed: frozenset[str] = field(default_factory=frozenset)  # nodes the failure is attributed to
+    node_fault: bool = False  # it got a node avoided: the node's, whatever its reason (charged_to_node)
 
     @property
     def kind(self) -> str:
-        return failure_class(self.reason)
+        return INFRASTRUCTURE if self.node_fault else failure_class(self.reason)
 
 
 def backoff_seconds(policy: FailurePolicy, restart: int) -> float:
@@ -402,6 +403,28 @@ def record_node_failures(
 
 
 MAX_NODE_ROWS = 64  # status stays small: the nodes with the most failures
+
+
+def charged_to_node(
+    failure: Failure, table: list[NodeFailures], policy: FailurePolicy,
+) -> Failure:
+    """`failure`, charged to the infrastructure budget when it gets a node avoided.
+
+    A node whose pods always crash reaches nodeFailureThreshold on application failures; the
+    failure that crosses it shows the node is at fault, not the trainer, so it is the node's:
+    the job moves off the node on the infrastructure budget instead of failing with
+    MaxRestartsExceeded while a spare node is free.
+    """
+    if failure.kind == INFRASTRUCTURE or not failure.blamed:
+        return failure
+    newly = avoided_nodes(record_node_failures(table, failure, policy, "")) - avoided_nodes(table)
+    if not newly:
+        return failure
+    nodes = ", ".join(sorted(newly))
+    return replace(failure, node_fault=True, message=(
+        f"{failure.message}; node {nodes} failed this job {policy.node_failure_threshold} times "
+        "(spec.failurePolicy.nodeFailureThreshold): the node's failure, charged to the "
+        "infrastructure budget"))
 
 
 def avoided_nodes(table: Iterable[NodeFailures]) -> frozenset[str]:

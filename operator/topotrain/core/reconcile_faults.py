@@ -28,6 +28,7 @@ def on_failure(
                f"{failure.message}; {SAVING} since {iso(since)} (up to {saving:.0f}s more)")
         decision.requeue_after = min(saving, WAIT_SHORT)
         return
+    failure = policy.charged_to_node(failure, sb.status.node_failures, obs.spec.failure_policy)
     used = policy.used_budgets(sb.status.restarts, sb.status.restarts_by_class)
     verdict = policy.decide(failure, used, obs.spec.failure_policy)
     sb.record_failure(failure, obs.spec.failure_policy)
