@@ -28,8 +28,10 @@ class Timeouts:
 
 
 TRAINER_TIMEOUTS = Timeouts()  # uploads of large shards: patient, the training goes on meanwhile
-# The operator reads a few small objects per pass: a dead store is reported within ~30 s.
-OPERATOR_TIMEOUTS = Timeouts(connect=3.0, read=10.0, attempts=2)
+# The operator reads a few small objects per pass: a dead store is reported within ~30 s. Three
+# attempts with botocore's backoff: a store that fails a share of its requests (503s) still
+# answers most reads (the status condition adds a grace on top: core/reconcile_status.py).
+OPERATOR_TIMEOUTS = Timeouts(connect=3.0, read=10.0, attempts=3)
 
 
 def make_client(

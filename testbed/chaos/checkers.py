@@ -37,7 +37,8 @@ from testbed.chaos.timeline import TERMINAL, Timeline, Verdict, timestamp, verdi
 BUDGET_REASONS = {"MaxRestartsExceeded": "maxRestarts",
                   "MaxInfrastructureRestartsExceeded": "maxInfrastructureRestarts"}  # fmt: skip
 EXPLAINING = {("Schedulable", "False"), ("PodsCreated", "False"), ("CheckpointStoreReachable", "False")}
-EXPLAINING_REASONS = {("Ready", "False", "PodsPending"), ("Recovering", "True", "BackoffWaiting")}
+EXPLAINING_REASONS = {("Ready", "False", "PodsPending"), ("Recovering", "True", "BackoffWaiting"),
+                      ("CheckpointStoreReachable", "True", "CheckpointStoreErrors")}  # fmt: skip
 
 
 def _created(pod: dict[str, object]) -> float:

@@ -18,7 +18,7 @@ from topotrain.api.status import ConditionType as C
 from topotrain.api.status import Reason
 from topotrain.core.manifests import RankTable
 from topotrain.core.policy import NodeView, PodView
-from topotrain.core.reconcile_status import CheckpointView
+from topotrain.core.reconcile_status import STORE_ERROR_GRACE_SECONDS, CheckpointView
 
 CKPT = CheckpointView(step=200, uri="s3://ckpt/runs/ns/job/step-0000000200")
 DOWN = CheckpointView(reachable=False, error="Could not connect to the endpoint URL")
@@ -38,7 +38,11 @@ def at(seconds: float) -> Any:
 def test_store_outage_longer_than_every_timeout_never_restarts_a_running_gang() -> None:
     obs = running_job(spec=spec(progressTimeoutSeconds=60, startupTimeoutSeconds=120))
     _, obs = run(obs, pods=gang(0), now=at(10), checkpoint=beat(250))
-    for t in (100, 500, 5000):
+    # The first failing reads are errors of a store that answered: reported unreachable only
+    # once they have lasted STORE_ERROR_GRACE_SECONDS (test below).
+    d, obs = run(obs, pods=gang(0), now=at(90), checkpoint=DOWN)
+    assert d.status.condition(C.STORE_REACHABLE).reason == Reason.STORE_ERRORS  # type: ignore[union-attr]
+    for t in (90 + STORE_ERROR_GRACE_SECONDS, 500, 5000):
         d, obs = run(obs, pods=gang(0), now=at(t), checkpoint=DOWN)
         assert d.launch is None and not d.delete and d.status.phase == "Running"
         cond = d.status.condition(C.STORE_REACHABLE)
@@ -55,6 +59,40 @@ def test_store_outage_longer_than_every_timeout_never_restarts_a_running_gang() 
     d, _ = run(obs, pods=gang(0), now=at(5062), checkpoint=beat(250))
     assert d.status.last_failure is not None
     assert d.status.last_failure.reason == Reason.PROGRESS_STALLED and d.launch is not None
+
+
+def test_a_store_failing_a_share_of_its_reads_neither_flaps_the_condition_nor_pauses_hangs() -> None:
+    """30% of reads failing for four minutes (found by reading the code: the condition flipped
+    about 20 times, each flip a Warning Event and a pause of hang detection); a store down for
+    longer than the grace is then reported at once, with one Event."""
+    obs = running_job(spec=spec(progressTimeoutSeconds=60))
+    warnings = 0
+    step = 250
+    for i, t in enumerate(range(10, 250, 4)):  # a pass every 4 s, every third read fails
+        failing = i % 3 == 2
+        step += 0 if failing else 1
+        d, obs = run(obs, pods=gang(0), now=at(t), checkpoint=DOWN if failing else beat(step))
+        cond = d.status.condition(C.STORE_REACHABLE)
+        assert cond is not None and cond.status == "True", (t, cond)
+        warnings += sum(1 for kind, reason, _ in d.events if reason == Reason.STORE_UNAVAILABLE)
+        assert d.launch is None and not d.delete
+    assert warnings == 0
+    # A trainer that stops stepping while the store flaps is still found hung.
+    for t in range(250, 330, 4):
+        d, obs = run(obs, pods=gang(0), now=at(t), checkpoint=DOWN if t % 12 == 0 else beat(step))
+        if d.status.last_failure is not None:
+            break
+    assert d.status.last_failure is not None and d.status.last_failure.reason == Reason.PROGRESS_STALLED
+    # An outage: unreachable once it lasted the grace, and said once.
+    obs = running_job()
+    _, obs = run(obs, pods=gang(0), now=at(10), checkpoint=beat(250))
+    events = []
+    for t in range(12, 60, 2):
+        d, obs = run(obs, pods=gang(0), now=at(t), checkpoint=DOWN)
+        events += [reason for _, reason, _ in d.events if reason == Reason.STORE_UNAVAILABLE]
+        expected = "False" if t - 12 >= STORE_ERROR_GRACE_SECONDS else "True"
+        assert d.status.condition(C.STORE_REACHABLE).status == expected, t  # type: ignore[union-attr]
+    assert events == [Reason.STORE_UNAVAILABLE]
 
 
 def test_hang_clock_is_the_operators_not_the_trainers() -> None:

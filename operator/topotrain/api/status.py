@@ -59,6 +59,7 @@ class Reason:
     COMPLETED = "AllPodsSucceeded"
     STORE_UNAVAILABLE = "CheckpointStoreUnavailable"
     STORE_OK = "CheckpointStoreAnswered"
+    STORE_ERRORS = "CheckpointStoreErrors"  # reads failing for less than the grace: still reachable
     PODS_CREATED_OK = "AllPodsCreated"
     POD_CREATE_REFUSED = "PodCreateRefused"  # the API server refused a pod (PodSecurity, webhook, ...)
     QUOTA_EXCEEDED = "QuotaExceeded"  # a ResourceQuota refused a pod

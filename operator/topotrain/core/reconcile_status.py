@@ -40,6 +40,11 @@ from topotrain.core.policy import (
 from topotrain.degrees import REASON as DEGREE_NOT_ALLOWED
 
 NORMAL, WARNING = "Normal", "Warning"
+# A store that answered before and now fails reads is reported unreachable (pausing hang
+# detection) only once its reads have failed for this long: a store that fails a share of its
+# requests (30% 503s for minutes) must not flip the condition, and hang detection, every pass.
+STORE_ERROR_GRACE_SECONDS = 30.0
+_FAILING_SINCE = "failing reads since "
 
 
 # The API server's refusals of a gang's pods (PodsCreated=False reasons the edge reports).
@@ -107,6 +112,12 @@ class StatusBuilder:
         if view is None:
             return
         if not view.reachable:
+            since = self._store_failing_since()
+            if since is not None and (self.now - since).total_seconds() < STORE_ERROR_GRACE_SECONDS:
+                self.set(C.STORE_REACHABLE, True, Reason.STORE_ERRORS,
+                         f"the checkpoint store is {_FAILING_SINCE}{iso(since)} (last: {view.error}); "
+                         f"reported unreachable after {STORE_ERROR_GRACE_SECONDS:.0f}s of failures")
+                return
             message = f"cannot read the checkpoint store: {view.error}; hang detection is paused"
             if self.set(C.STORE_REACHABLE, False, Reason.STORE_UNAVAILABLE, message):
                 self._event(WARNING, Reason.STORE_UNAVAILABLE, message)
@@ -128,6 +139,20 @@ class StatusBuilder:
             self.status.progress = ProgressStatus(
                 step=view.progress_step, time=when, attempt=view.progress_attempt, observed_time=seen,
             )
+
+    def _store_failing_since(self) -> datetime | None:
+        """When the reads of a store that answered before began to fail (now: this pass's is the
+        first); None when it never answered or is already reported unreachable."""
+        cond = self.status.condition(C.STORE_REACHABLE)
+        if cond is None or cond.status != "True":
+            return None
+        if cond.reason != Reason.STORE_ERRORS or _FAILING_SINCE not in cond.message:
+            return self.now
+        stamp = cond.message.split(_FAILING_SINCE, 1)[1].split(" ", 1)[0]
+        try:
+            return parse(stamp)
+        except ValueError:
+            return self.now
 
     def running_since(self) -> datetime | None:
         ready = self.status.condition(C.READY)
