@@ -106,15 +106,40 @@ set +e
 # Inside pytest the kind suite (tests/kind) skips itself: only scripts/kind-e2e.sh makes its cluster.
 # With the kind stage, the unit tests (CPU only, no cluster, no disk traffic; about a minute) run
 # later, beside its cluster creation, which mostly waits on node start-up and the disk.
+#
+# A whole run splits the suites in two pytest processes at once, each on a testbed of its own:
+# the trainer and end-to-end tests (real torch processes: CPU-bound) and the integration suites
+# with the chaos soak (mostly waiting on controllers, timeouts and the soak's schedule: about a
+# third of the CPU, measured 2026-12-05). Side by side the waiting suites cost about their CPU
+# share instead of their whole length. Each has its own control plane, KWOK fleet and S3 server
+# (TOPOTRAIN_TESTBED_DIR), so they share no node, namespace or port.
+split=0
 if [ $# -eq 0 ]; then
-  set -- tests --durations=25 -m "not kueue" # the slowest tests, for whoever shortens the run
+  split=1
+  set -- tests --durations=25 -m "not kueue" --ignore=tests/integration --ignore=tests/chaos
   [ "$kind" = 1 ] && set -- "$@" --ignore=tests/unit
   kueue_build_start
 fi  # (otherwise tests/conftest.py's `kueue` fixture builds them when a selected test needs them)
 stage begin pytest
+if [ $split = 1 ]; then
+  waiting_log=$(mktemp)
+  stage begin pytest-integration
+  (TOPOTRAIN_TESTBED_DIR="$root/.testbed-integration" python -m pytest tests/integration tests/chaos \
+     --durations=15 -m "not kueue" >"$waiting_log" 2>&1; c=$?
+   echo "end pytest-integration $SECONDS" >>"$stages"; exit $c) &
+  waiting=$!
+fi
 python -m pytest "$@"
 code=$?
 stage end pytest
+if [ $split = 1 ]; then
+  waiting_code=0
+  wait "$waiting" || waiting_code=$?
+  echo "== pytest tests/integration tests/chaos (beside the above, on a testbed of its own): exit $waiting_code"
+  cat "$waiting_log"
+  [ $waiting_code -eq 5 ] && { echo "pytest tests/integration tests/chaos ran no tests" >&2; exit 1; }
+  [ $waiting_code -eq 0 ] || code=1
+fi
 set -e
 # pytest exit 5 means it collected nothing: that is a failure here, not a pass.
 [ $code -eq 5 ] && { echo "pytest ran no tests" >&2; exit 1; }
