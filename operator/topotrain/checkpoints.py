@@ -18,6 +18,8 @@ stay readable.
 A checkpoint exists only once its COMMITTED marker exists; everything else
 under a step directory is a partial upload. boto3 only (no torch), so the
 operator image stays small. URIs stay strings (`s3://bucket/key/prefix`).
+The records themselves (`CommittedCheckpoint`, `Progress`, `AttemptStart`, ...) live in
+`checkpoint_records.py` and are exported from here under the same names.
 """
 
 from __future__ import annotations
@@ -25,11 +27,34 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+# The records, re-exported (`X as X`): the trainer and the operator import them from here.
+from topotrain.checkpoint_records import (
+    AttemptStart as AttemptStart,
+)
+from topotrain.checkpoint_records import (
+    CommittedCheckpoint as CommittedCheckpoint,
+)
+from topotrain.checkpoint_records import (
+    PrefixOwner as PrefixOwner,
+)
+from topotrain.checkpoint_records import (
+    Progress as Progress,
+)
+from topotrain.checkpoint_records import (
+    ServedRequest as ServedRequest,
+)
+from topotrain.checkpoint_records import (
+    WorkerFailure as WorkerFailure,
+)
+from topotrain.checkpoint_records import (
+    format_time,
+    parse_time,
+    utc_now,
+)
 from topotrain.s3client import OPERATOR_TIMEOUTS, make_client
 
 if TYPE_CHECKING:
@@ -74,126 +99,6 @@ def split_uri(uri: str) -> tuple[str, str]:
     if not bucket:
         raise ValueError(f"checkpoint uri {uri!r} names no bucket")
     return bucket, key.strip("/")
-
-
-def _now() -> datetime:
-    return datetime.now(UTC).replace(microsecond=0)
-
-
-def _format_time(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _parse_time(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
-
-
-@dataclass(frozen=True)
-class CommittedCheckpoint:
-    """A complete checkpoint: its COMMITTED marker was written after every shard."""
-
-    step: int
-    uri: str  # the step directory, s3://bucket/.../step-0000000042
-    time: datetime  # UTC, when it was committed
-    mesh: Mapping[str, int] = field(default_factory=dict)  # {"tensor", "pipeline", "data"}
-    bytes: int = 0  # total size of the shard files
-    shards: str = ""  # the attempt directory holding them; "" = the step directory (old layout)
-    # The last checkpoint request (annotation value) the trainer had served when it saved this
-    # step: served by this step's save or an earlier one, so this checkpoint is at or after it.
-    request: str = ""
-
-
-@dataclass(frozen=True)
-class Progress:
-    """The trainer's heartbeat: the last step it finished, and in which attempt."""
-
-    step: int
-    time: datetime  # UTC
-    attempt: int
-    start: AttemptStart | None = None
-    checkpoint_request: ServedRequest | None = None  # the last checkpoint request the trainer served
-
-
-@dataclass(frozen=True)
-class ServedRequest:
-    """A checkpoint request (the `topotrain.io/checkpoint-request` value) and the step whose
-    save serves it; that step's COMMITTED carries the same `request` once the save is complete."""
-
-    value: str
-    step: int
-
-    def to_json(self) -> dict[str, object]:
-        return {"value": self.value, "step": self.step}
-
-    @classmethod
-    def from_json(cls, doc: object) -> ServedRequest | None:
-        if not isinstance(doc, dict):
-            return None
-        try:
-            return cls(str(doc["value"]), int(doc["step"]))
-        except (KeyError, TypeError, ValueError):
-            return None
-
-
-@dataclass(frozen=True)
-class AttemptStart:
-    """How the attempt that writes progress.json started (the trainer's clock, UTC).
-
-    From these the operator splits a recovery's time to first step into phases.
-    """
-
-    process: datetime  # the trainer process began (before imports and rendezvous)
-    first_step: int  # the first step this attempt completed
-    first_step_time: datetime
-    load_seconds: float = 0.0  # restoring the checkpoint
-
-    def to_json(self) -> dict[str, object]:
-        return {"process": _format_time(self.process), "firstStep": self.first_step,
-                "firstStepTime": _format_time(self.first_step_time),
-                "loadSeconds": round(self.load_seconds, 3)}
-
-    @classmethod
-    def from_json(cls, doc: object) -> AttemptStart | None:
-        if not isinstance(doc, dict):
-            return None
-        try:
-            return cls(_parse_time(str(doc["process"])), int(doc["firstStep"]),
-                       _parse_time(str(doc["firstStepTime"])), float(doc.get("loadSeconds", 0.0)))
-        except (KeyError, TypeError, ValueError):
-            return None  # an optional record: a malformed one is ignored, not fatal
-
-
-@dataclass(frozen=True)
-class WorkerFailure:
-    """failure.json: a trainer rank of pod `node_rank` failed in `attempt` with `exit_code`.
-
-    Its supervisor wrote it and stays up with its warm spares, waiting for the operator's next
-    attempt (a restart in place that keeps every pod), instead of exiting and failing the pod.
-    """
-
-    attempt: int
-    node_rank: int
-    exit_code: int
-    time: datetime  # UTC, the supervisor's clock
-    pod: str = ""
-
-    def to_json(self) -> dict[str, object]:
-        return {"attempt": self.attempt, "nodeRank": self.node_rank, "exitCode": self.exit_code,
-                "time": _format_time(self.time), "pod": self.pod}
-
-
-@dataclass(frozen=True)
-class PrefixOwner:
-    """owner.json: the TrainingJob whose checkpoints live under a job prefix, by its UID.
-
-    `resumed_uid`/`resumed_step`: set when that job started from another run's checkpoints
-    (spec.checkpoint.resumePolicy: Always); `resumed_uid` is "" when that run left no record.
-    """
-
-    uid: str
-    created: datetime  # UTC, when the operator claimed the prefix
-    resumed_uid: str | None = None
-    resumed_step: int | None = None
 
 
 class CheckpointStore:
@@ -300,7 +205,7 @@ class CheckpointStore:
             return CommittedCheckpoint(
                 step=int(doc["step"]),
                 uri=self.step_uri(step),
-                time=_parse_time(str(doc["time"])),
+                time=parse_time(str(doc["time"])),
                 mesh={str(k): int(v) for k, v in dict(doc.get("mesh", {})).items()},
                 bytes=int(doc.get("bytes", 0)),
                 shards=str(doc.get("shards", "")),
@@ -328,8 +233,8 @@ class CheckpointStore:
     ) -> CommittedCheckpoint:
         """Mark `step` complete with the shards in `shards`. Call only after every one of
         them is uploaded. `request`: the checkpoint request this save served."""
-        moment = time or _now()
-        doc: dict[str, Any] = {"step": step, "mesh": dict(mesh), "bytes": bytes, "time": _format_time(moment)}
+        moment = time or utc_now()
+        doc: dict[str, Any] = {"step": step, "mesh": dict(mesh), "bytes": bytes, "time": format_time(moment)}
         if shards:
             doc["shards"] = shards
         if request:
@@ -345,7 +250,7 @@ class CheckpointStore:
         if doc is None:
             return None
         try:
-            return Progress(int(doc["step"]), _parse_time(str(doc["time"])), int(doc["attempt"]),
+            return Progress(int(doc["step"]), parse_time(str(doc["time"])), int(doc["attempt"]),
                             AttemptStart.from_json(doc.get("start")),
                             ServedRequest.from_json(doc.get("checkpointRequest")))
         except (KeyError, TypeError, ValueError) as err:
@@ -355,8 +260,8 @@ class CheckpointStore:
         self, step: int, attempt: int, time: datetime | None = None,
         start: AttemptStart | None = None, request: ServedRequest | None = None,
     ) -> Progress:
-        moment = time or _now()
-        doc: dict[str, object] = {"step": step, "time": _format_time(moment), "attempt": attempt}
+        moment = time or utc_now()
+        doc: dict[str, object] = {"step": step, "time": format_time(moment), "attempt": attempt}
         if start is not None:
             doc["start"] = start.to_json()
         if request is not None:
@@ -377,7 +282,7 @@ class CheckpointStore:
             return None
         try:
             return WorkerFailure(int(doc["attempt"]), int(doc["nodeRank"]), int(doc["exitCode"]),
-                                 _parse_time(str(doc["time"])), str(doc.get("pod", "")))
+                                 parse_time(str(doc["time"])), str(doc.get("pod", "")))
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -393,7 +298,7 @@ class CheckpointStore:
         try:
             step = doc.get("resumedStep")
             return PrefixOwner(
-                uid=str(doc["uid"]), created=_parse_time(str(doc["created"])),
+                uid=str(doc["uid"]), created=parse_time(str(doc["created"])),
                 resumed_uid=None if doc.get("resumedUid") is None else str(doc["resumedUid"]),
                 resumed_step=None if step is None else int(step),
             )
@@ -401,7 +306,7 @@ class CheckpointStore:
             raise CheckpointError(f"{self.uri}/{OWNER} is malformed: {err}") from err
 
     def write_owner(self, owner: PrefixOwner) -> None:
-        doc: dict[str, Any] = {"uid": owner.uid, "created": _format_time(owner.created)}
+        doc: dict[str, Any] = {"uid": owner.uid, "created": format_time(owner.created)}
         if owner.resumed_step is not None:
             doc.update(resumedUid=owner.resumed_uid or "", resumedStep=owner.resumed_step)
         self._write_json(self._key(OWNER), doc)

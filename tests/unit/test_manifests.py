@@ -14,14 +14,12 @@ from topotrain.core.manifests import (
     JobMeta,
     PodPlan,
     network_policy,
-    parse_rank_table,
     pod,
-    rank_rows,
-    rank_table,
     restart_in_place_patch,
     service,
     template_hash,
 )
+from topotrain.core.rank_table import parse_rank_table, rank_rows, rank_table
 
 JOB = JobMeta("llm", "team", "uid-1")
 

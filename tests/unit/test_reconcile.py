@@ -16,9 +16,9 @@ from topotrain.api.spec import TrainingJobSpec
 from topotrain.api.status import ConditionType as C
 from topotrain.api.status import Reason, TrainingJobStatus
 from topotrain.core.decision import Decision, Observed
-from topotrain.core.manifests import RankTable
 from topotrain.core.planning import PlanOutcome
 from topotrain.core.policy import NodeView, PodView
+from topotrain.core.rank_table import RankTable
 from topotrain.core.reconcile import reconcile
 from topotrain.core.reconcile_status import CheckpointView
 

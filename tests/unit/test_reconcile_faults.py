@@ -16,8 +16,8 @@ import pytest
 from test_reconcile import T0, FakePlanner, gang, observed, run, running_job, spec
 from topotrain.api.status import ConditionType as C
 from topotrain.api.status import Reason
-from topotrain.core.manifests import RankTable
 from topotrain.core.policy import NodeView, PodView
+from topotrain.core.rank_table import RankTable
 from topotrain.core.reconcile_status import STORE_ERROR_GRACE_SECONDS, CheckpointView
 
 CKPT = CheckpointView(step=200, uri="s3://ckpt/runs/ns/job/step-0000000200")

@@ -9,7 +9,7 @@ tests/integration/test_operator_ownership.py.
 from __future__ import annotations
 
 import pytest
-from topotrain.controller.kube import status_patch
+from topotrain.controller.status_patch import status_patch
 
 UID = "7c1d8c2e-0000-4000-8000-000000000001"
 

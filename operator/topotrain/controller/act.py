@@ -30,11 +30,11 @@ from topotrain.core.manifests import (
     network_policy,
     pod,
     pod_name,
-    rank_table,
     restart_in_place_patch,
     service,
 )
 from topotrain.core.ownership import ForeignObject
+from topotrain.core.rank_table import rank_table
 
 log = logging.getLogger("topotrain.act")
 RELEASED_MEMORY = 60.0  # seconds a released pod is not released again (a repeat would be a 422)

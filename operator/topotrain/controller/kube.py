@@ -4,9 +4,10 @@ Children are created with the field manager `topotrain` and a controller owner
 reference; the Service and ConfigMap are server-side applied, but never onto an
 object of that name owned by someone else (ForeignObject); pods are created if
 absent (AlreadyExists is success only when the pod there is this job's, by
-owner UID) and released by removing their scheduling gate; the status subresource is patched with a JSON merge patch computed
-against what was last written, and only when it differs. Calls are blocking
-(the official client); the async handlers run them in worker threads.
+owner UID) and released by removing their scheduling gate; the status
+subresource is patched with a JSON patch computed against what was last
+written (status_patch.py), and only when it differs. Calls are blocking (the
+official client); the async handlers run them in worker threads.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from kubernetes.client.exceptions import ApiException as ApiException  # re-expo
 from topotrain import GROUP, PLURAL, VERSION
 from topotrain.api.status import Reason
 from topotrain.contract import ACCESS_KEY_ID, SECRET_ACCESS_KEY
+from topotrain.controller.status_patch import status_patch
 from topotrain.core.kueue import KUEUE_GROUP, KUEUE_VERSION
-from topotrain.core.manifests import FIELD_OWNER, RankTable, parse_rank_table, rank_table_name
+from topotrain.core.manifests import FIELD_OWNER
 from topotrain.core.ownership import ForeignObject, controller_owner, foreign_message, owned_by
+from topotrain.core.rank_table import RankTable, parse_rank_table, rank_table_name
 
 log = logging.getLogger("topotrain.kube")
 # The other modules of the controller catch ApiException from here: this module stays the only
@@ -46,48 +49,6 @@ class SecretProblem(Exception):
         super().__init__(message)
         self.reason = reason
         self.message = message
-
-
-def merge_patch(old: Any, new: Any) -> Any:
-    """RFC 7386 JSON merge patch turning `old` into `new` (lists are replaced whole)."""
-    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
-        return new
-    patch: dict[str, Any] = {}
-    for key in old.keys() - new.keys():
-        patch[key] = None
-    for key, value in new.items():
-        if key not in old:
-            patch[key] = value
-        elif old[key] != value:
-            patch[key] = merge_patch(old[key], value)
-    return patch
-
-
-def status_patch(old: Mapping[str, Any], new: Mapping[str, Any], uid: str | None) -> list[dict[str, Any]]:
-    """A JSON patch (RFC 6902) turning status `old` into `new`, only on the object `uid`.
-
-    The first op tests `metadata.uid`, so a patch meant for a deleted job never lands on a
-    namesake re-created meanwhile (a merge patch of the status subresource ignores a
-    metadata.uid that differs: measured on the testbed). The next op tests the phase the
-    writer started from (`old`'s), so a writer whose view is stale cannot move the job back
-    (a second operator replica acting while the leader's peering keep-alive was held up by an
-    API server restart rewrote a job the leader had just marked Succeeded as Recovering,
-    and the job was stranded: the chaos soak, 2026-12-04). Each top-level status field that
-    changed is set whole; a removed one is set to null, which the API server prunes (no CRD
-    field is nullable). With no status yet, the whole status is set.
-    """
-    ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": uid}] if uid else []
-    if old.get("phase") is not None:
-        ops.append({"op": "test", "path": "/status/phase", "value": old["phase"]})
-    if not old:
-        return [*ops, {"op": "add", "path": "/status", "value": dict(new)}]
-    changed = merge_patch(old, new)
-    return [*ops, *({"op": "add", "path": f"/status/{_pointer(key)}", "value": new.get(key)}
-                    for key in sorted(changed))]
-
-
-def _pointer(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
 
 
 def api_message(exc: ApiException) -> str:

@@ -40,10 +40,12 @@ from topotrain.controller.snapshot import Snapshot
 from topotrain.core import reconcile as rec
 from topotrain.core.decision import Decision, Launch, Observed
 from topotrain.core.kueue_admission import within_assignment
-from topotrain.core.manifests import RankTable, template_hash
+from topotrain.core.manifests import template_hash
+from topotrain.core.node_failures import avoided_nodes
 from topotrain.core.planning import FirstFeasible, LazyPlanner, PlacementPlanner, Planner, WouldPlan
-from topotrain.core.policy import avoided_nodes
-from topotrain.core.reconcile_status import CheckpointView, StatusBuilder, iso
+from topotrain.core.rank_table import RankTable
+from topotrain.core.reconcile_status import CheckpointView, StatusBuilder
+from topotrain.core.status_edits import iso
 
 log = logging.getLogger("topotrain.jobs")
 

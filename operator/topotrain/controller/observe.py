@@ -31,7 +31,6 @@ from topotrain.checkpoints import (
 from topotrain.controller.indexes import JobKey
 from topotrain.controller.kube import Kube, SecretProblem
 from topotrain.controller.settings import Settings
-from topotrain.core.manifests import RankTable
 from topotrain.core.ownership import (
     ForeignObject,
     ResumePolicy,
@@ -40,6 +39,7 @@ from topotrain.core.ownership import (
     owned_by,
 )
 from topotrain.core.planned import pending
+from topotrain.core.rank_table import RankTable
 from topotrain.core.reconcile_status import CheckpointView
 
 log = logging.getLogger("topotrain.observe")

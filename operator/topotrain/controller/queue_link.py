@@ -35,7 +35,7 @@ from topotrain.controller.kube import ApiException, Kube, api_message
 from topotrain.core import kueue, kueue_admission
 from topotrain.core.kueue_admission import QueueGate
 from topotrain.core.ownership import controller_owner, owned_by
-from topotrain.core.reconcile_status import iso
+from topotrain.core.status_edits import iso
 from topotrain.placement.topology import TopologyLevels
 
 log = logging.getLogger("topotrain.queue")

@@ -17,8 +17,8 @@ from topotrain.api.spec import TrainingJobSpec
 from topotrain.api.status import TrainingJobStatus
 from topotrain.core import planned, policy
 from topotrain.core.kueue_admission import QueueGate
-from topotrain.core.manifests import RankTable
 from topotrain.core.planning import Planner
+from topotrain.core.rank_table import RankTable
 from topotrain.core.reconcile_status import CheckpointView
 
 

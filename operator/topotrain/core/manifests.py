@@ -7,7 +7,7 @@ Naming (documented in docs/operator.md):
 - Pod `<job>-<attempt>-<index>`, hostname the same, subdomain `<job>`, so
   `MASTER_ADDR=<job>-<attempt>-0.<job>.<namespace>.svc` names pod 0 of the
   current attempt and never an older pod that is still terminating.
-- ConfigMap `<job>-ranks`: the rank table of the current attempt.
+- ConfigMap `<job>-ranks`: the rank table of the current attempt (rank_table.py).
 - NetworkPolicy `<job>` (when the operator's setting asks): ingress to the
   job's pods only from the job's pods.
 
@@ -17,8 +17,6 @@ controller owner reference, so deleting the job garbage-collects them.
 
 from __future__ import annotations
 
-import base64
-import gzip
 import hashlib
 import json
 from collections.abc import Mapping
@@ -42,7 +40,6 @@ from topotrain.contract import (
     SHM_DIR,
     SHM_VOLUME,
     TrainerEnv,
-    rank_coords,
 )
 
 JOB_LABEL = "topotrain.io/job"
@@ -96,7 +93,7 @@ def owner_reference(job: JobMeta) -> dict[str, Any]:
     }
 
 
-def _metadata(job: JobMeta, name: str, extra_labels: Mapping[str, str]) -> dict[str, Any]:
+def object_metadata(job: JobMeta, name: str, extra_labels: Mapping[str, str]) -> dict[str, Any]:
     return {
         "name": name, "namespace": job.namespace, "labels": dict(extra_labels),
         "ownerReferences": [owner_reference(job)],
@@ -128,15 +125,11 @@ def restart_in_place_patch(attempt: int, resume_step: int | None, master: str) -
     }}
 
 
-def rank_table_name(job: str) -> str:
-    return f"{job}-ranks"
-
-
 def service(job: JobMeta, master_port: int) -> dict[str, Any]:
     """Headless Service giving every pod `<pod>.<job>.<ns>.svc`."""
     return {
         "apiVersion": "v1", "kind": "Service",
-        "metadata": _metadata(job, job.name, labels(job.name)),
+        "metadata": object_metadata(job, job.name, labels(job.name)),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
@@ -157,99 +150,13 @@ def network_policy(job: JobMeta, metrics_port: int | None = None) -> dict[str, A
         ingress.append({"ports": [{"protocol": "TCP", "port": metrics_port}]})
     return {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-        "metadata": _metadata(job, job.name, labels(job.name)),
+        "metadata": object_metadata(job, job.name, labels(job.name)),
         "spec": {
             "podSelector": gang,
             "policyTypes": ["Ingress"],
             "ingress": ingress,
         },
     }
-
-
-def rank_rows(spec: TrainingJobSpec, data: int, assignments: Mapping[int, str]) -> list[dict[str, Any]]:
-    """One row per global rank: pod, local rank, mesh coordinates, node."""
-    par, gpp = spec.parallelism, spec.worker.gpus_per_pod
-    rows = []
-    for rank in range(par.tensor * par.pipeline * data):
-        tp, pp, dp = rank_coords(rank, par.tensor, par.pipeline, data, spec.rank_order)
-        pod = rank // gpp
-        rows.append({
-            "rank": rank, "pod": pod, "localRank": rank % gpp, "tp": tp, "pp": pp, "dp": dp,
-            "node": assignments.get(pod, ""),
-        })
-    return rows
-
-
-# A ConfigMap holds at most 1 MiB. ranks.tsv (about 40 bytes a rank) goes in while the whole
-# table stays under TABLE_BUDGET; placement.json is gzipped into binaryData past INLINE_LIMIT.
-TABLE_BUDGET = 768 * 1024
-INLINE_LIMIT = 256 * 1024
-PLACEMENT = "placement.json"
-PLACEMENT_GZ = "placement.json.gz"
-MIN_ROW = 16  # bytes of the shortest ranks.tsv row
-
-
-def rank_table(
-    job: JobMeta, spec: TrainingJobSpec, attempt: int, data: int, pool: str | None,
-    assignments: Mapping[int, str],
-) -> dict[str, Any]:
-    """ConfigMap `<job>-ranks`: which node holds which ranks in the current attempt."""
-    fields = {"attempt": str(attempt), "data": str(data), "pool": pool or ""}
-    binary: dict[str, str] = {}
-    placement = json.dumps({str(i): n for i, n in sorted(assignments.items())})
-    if len(placement) <= INLINE_LIMIT:
-        fields[PLACEMENT] = placement
-    else:  # mtime=0: the same placement always gives the same bytes, so re-applying changes nothing
-        binary[PLACEMENT_GZ] = base64.b64encode(gzip.compress(placement.encode(), mtime=0)).decode()
-    ranks = spec.parallelism.tensor * spec.parallelism.pipeline * data
-    used = sum(len(v) for v in (*fields.values(), *binary.values()))
-    if used + ranks * MIN_ROW <= TABLE_BUDGET:  # else the table cannot fit: do not build it
-        table = _ranks_tsv(rank_rows(spec, data, assignments))
-        if used + len(table) <= TABLE_BUDGET:
-            fields["ranks.tsv"] = table
-    if "ranks.tsv" not in fields:
-        fields["ranksOmitted"] = (
-            f"{ranks} ranks do not fit a ConfigMap: rank r runs on pod r // gpusPerPod "
-            f"({spec.worker.gpus_per_pod}) as local rank r % gpusPerPod; {PLACEMENT} maps pods to nodes"
-        )
-    table_map: dict[str, Any] = {
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": _metadata(job, rank_table_name(job.name), labels(job.name, attempt)),
-        "data": fields,
-    }
-    if binary:
-        table_map["binaryData"] = binary
-    return table_map
-
-
-def _ranks_tsv(rows: list[dict[str, Any]]) -> str:
-    lines = ["rank\tpod\tlocal\ttp\tpp\tdp\tnode"] + [
-        f"{r['rank']}\t{r['pod']}\t{r['localRank']}\t{r['tp']}\t{r['pp']}\t{r['dp']}\t{r['node']}"
-        for r in rows
-    ]
-    return "\n".join(lines) + "\n"
-
-
-@dataclass(frozen=True)
-class RankTable:
-    """The placement of an earlier attempt, read back from the job's ConfigMap."""
-
-    attempt: int
-    data: int
-    assignments: Mapping[int, str]
-
-
-def parse_rank_table(data: Mapping[str, str]) -> tuple[int, int, dict[int, str]] | None:
-    """(attempt, data degree, pod index -> node) from a rank-table ConfigMap's data and
-    binaryData (base64 strings, as the API returns them), merged."""
-    try:
-        if PLACEMENT_GZ in data:
-            placement = json.loads(gzip.decompress(base64.b64decode(data[PLACEMENT_GZ])))
-        else:
-            placement = json.loads(data.get(PLACEMENT, "{}"))
-        return int(data["attempt"]), int(data["data"]), {int(k): str(v) for k, v in placement.items()}
-    except (KeyError, ValueError, TypeError, AttributeError, OSError):
-        return None
 
 
 def _env(spec: TrainingJobSpec, job: JobMeta, plan: PodPlan) -> list[dict[str, Any]]:
@@ -355,7 +262,7 @@ def pod(job: JobMeta, spec: TrainingJobSpec, plan: PodPlan) -> dict[str, Any]:
     worker = spec.worker
     # The spec's labels and annotations go first so that the operator's keys win (the API
     # refuses a spec that sets them anyway).
-    meta = _metadata(job, name, {**(worker.labels or {}), **labels(job.name, plan.attempt, plan.index)})
+    meta = object_metadata(job, name, {**(worker.labels or {}), **labels(job.name, plan.attempt, plan.index)})
     meta["annotations"] = {
         **(worker.annotations or {}),
         NODE_ANNOTATION: plan.node,

@@ -23,7 +23,8 @@ from datetime import datetime
 
 from topotrain.api.status import CheckpointRequestStatus, Reason
 from topotrain.core import policy
-from topotrain.core.reconcile_status import CheckpointView, StatusBuilder, iso
+from topotrain.core.reconcile_status import CheckpointView, StatusBuilder
+from topotrain.core.status_edits import iso
 
 # Seconds a planned change waits for the checkpoint it asked for. The bundled trainer saves at
 # its next step boundary; a step plus a save of the testbed's models takes a few seconds, and a

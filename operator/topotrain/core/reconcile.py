@@ -24,8 +24,9 @@ from topotrain.core.decision import Decision, Launch, Observed
 from topotrain.core.reconcile_faults import on_failure
 from topotrain.core.reconcile_inplace import missing_replaced, relabel, replace_in_place
 from topotrain.core.reconcile_launch import WAIT_SHORT, blocking, launch, newer_commit, node_ready
-from topotrain.core.reconcile_status import StatusBuilder, parse
+from topotrain.core.reconcile_status import StatusBuilder
 from topotrain.core.reconcile_suspend import admission, hold_for_queue, suspend
+from topotrain.core.status_edits import parse
 
 OVERDUE_SECONDS = 30.0  # past a Terminating pod's grace period: deleted again (_overdue)
 

@@ -8,11 +8,12 @@ from datetime import datetime
 
 from topotrain.api.status import ConditionType as C
 from topotrain.api.status import Reason
-from topotrain.core import policy
+from topotrain.core import node_failures, policy
 from topotrain.core.decision import Decision, Observed
 from topotrain.core.reconcile_inplace import in_place_plan, restart_in_place
 from topotrain.core.reconcile_launch import WAIT_SHORT, launch, node_ready
-from topotrain.core.reconcile_status import StatusBuilder, iso
+from topotrain.core.reconcile_status import StatusBuilder
+from topotrain.core.status_edits import iso
 
 SAVING = "waiting for the stopping pods' SIGTERM checkpoint"  # Ready's message while it waits
 
@@ -28,7 +29,7 @@ def on_failure(
                f"{failure.message}; {SAVING} since {iso(since)} (up to {saving:.0f}s more)")
         decision.requeue_after = min(saving, WAIT_SHORT)
         return
-    failure = policy.charged_to_node(failure, sb.status.node_failures, obs.spec.failure_policy)
+    failure = node_failures.charged_to_node(failure, sb.status.node_failures, obs.spec.failure_policy)
     used = policy.used_budgets(sb.status.restarts, sb.status.restarts_by_class)
     verdict = policy.decide(failure, used, obs.spec.failure_policy)
     sb.record_failure(failure, obs.spec.failure_policy)

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from topotrain.api.status import ConditionType as C
 from topotrain.api.status import Reason
-from topotrain.core import elastic, inplace, policy
+from topotrain.core import elastic, inplace, node_failures, policy
 from topotrain.core.decision import Decision, Launch, Observed, Relabel
 from topotrain.core.planning import PlanOutcome
 from topotrain.core.reconcile_launch import (
@@ -19,7 +19,8 @@ from topotrain.core.reconcile_launch import (
     newer_commit,
     refused_too_long,
 )
-from topotrain.core.reconcile_status import StatusBuilder, iso
+from topotrain.core.reconcile_status import StatusBuilder
+from topotrain.core.status_edits import iso
 
 
 def in_place_plan(
@@ -41,7 +42,7 @@ def in_place_plan(
     relocated = None if outcome is None else {
         i: n for i, n in outcome.assignments.items() if previous.get(i) != n}
     keep = inplace.plan(failure, current, expected, obs.nodes,
-                        policy.avoided_nodes(sb.status.node_failures), sb.status, attempt, placed,
+                        node_failures.avoided_nodes(sb.status.node_failures), sb.status, attempt, placed,
                         relocated)  # fmt: skip
     return keep, outcome
 

@@ -15,10 +15,11 @@ from datetime import timedelta
 
 from topotrain.api.status import ConditionType as C
 from topotrain.api.status import Reason
-from topotrain.core import elastic, policy
+from topotrain.core import elastic, node_failures, policy
 from topotrain.core.decision import Decision, Launch, Observed
 from topotrain.core.planning import Planner, PlanOutcome
-from topotrain.core.reconcile_status import REFUSAL_REASONS, StatusBuilder, iso
+from topotrain.core.reconcile_status import REFUSAL_REASONS, StatusBuilder
+from topotrain.core.status_edits import iso
 
 CHECKPOINT_UNAVAILABLE = Reason.STORE_UNAVAILABLE
 WAIT_SHORT = 2.0  # seconds: something in flight that no watch event announces
@@ -102,7 +103,7 @@ def refused_too_long(obs: Observed, sb: StatusBuilder, decision: Decision) -> bo
 
 def _plan(obs: Observed, sb: StatusBuilder, previous: Mapping[int, str] | None) -> PlanOutcome:
     outcome = _plan_on(obs, sb, previous, obs.planner, avoiding=True)
-    avoided = policy.avoided_nodes(sb.status.node_failures)
+    avoided = node_failures.avoided_nodes(sb.status.node_failures)
     if outcome.feasible or not avoided or obs.unavoiding_planner is None:
         return outcome
     # Nothing fits without the nodes that failed this job: use them again rather than wait for
@@ -131,7 +132,7 @@ def _plan_on(obs: Observed, sb: StatusBuilder, previous: Mapping[int, str] | Non
 def lost_nodes(obs: Observed, sb: StatusBuilder, nodes: Mapping[int, str],
                 avoiding: bool = True) -> frozenset[str]:  # fmt: skip
     """Nodes of the previous placement that a recovery must move off: gone, NotReady or avoided."""
-    avoided = policy.avoided_nodes(sb.status.node_failures) if avoiding else frozenset()
+    avoided = node_failures.avoided_nodes(sb.status.node_failures) if avoiding else frozenset()
     return frozenset(
         n for n in nodes.values() if not node_ready(obs, n) or n in avoided
     )

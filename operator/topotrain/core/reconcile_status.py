@@ -1,6 +1,7 @@
 """How one reconcile pass edits the job's status: phases, conditions, Events.
 
-`StatusBuilder` works on a copy of the status read at the start of the pass;
+`StatusBuilder` works on a copy of the status read at the start of the pass
+(status_edits.py; the lifecycle transitions are in status_lifecycle.py);
 the edge writes the result once, and only if it differs. Conditions move
 `lastTransitionTime` only on a flip, and an Event is emitted for a flip, never
 for a repeat, so Events mark transitions while status holds the truth.
@@ -8,38 +9,27 @@ for a repeat, so Events mark transitions while status holds the truth.
 
 from __future__ import annotations
 
-from collections.abc import Set
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
-from topotrain.api.spec import FailurePolicy, Parallelism
+from topotrain.api.spec import Parallelism
 from topotrain.api.status import (
     CheckpointStatus,
     CurrentParallelism,
-    FailureRecord,
     PlacementSummary,
     ProgressStatus,
     Reason,
     RecoveryPhases,
     RecoveryStatus,
-    TrainingJobStatus,
-    set_condition,
 )
 from topotrain.api.status import ConditionType as C
 from topotrain.checkpoints import AttemptStart, WorkerFailure
 from topotrain.core import elastic
 from topotrain.core.planning import PlanOutcome
-from topotrain.core.policy import (
-    APPLICATION,
-    Failure,
-    RestartDecision,
-    avoided_nodes,
-    record_node_failures,
-    used_budgets,
-)
+from topotrain.core.status_edits import NORMAL, WARNING, iso, parse
+from topotrain.core.status_lifecycle import LifecycleStatus
 from topotrain.degrees import REASON as DEGREE_NOT_ALLOWED
 
-NORMAL, WARNING = "Normal", "Warning"
 # A store that answered before and now fails reads is reported unreachable (pausing hang
 # detection) only once its reads have failed for this long: a store that fails a share of its
 # requests (30% 503s for minutes) must not flip the condition, and hang detection, every pass.
@@ -73,38 +63,9 @@ class CheckpointView:
     worker_failure: WorkerFailure | None = None
 
 
-def iso(moment: datetime) -> str:
-    """RFC 3339 in UTC with milliseconds (recovery times are sub-second)."""
-    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def parse(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
-
-
-class StatusBuilder:
-    """A mutable copy of the status plus the Events its transitions call for."""
-
-    def __init__(self, status: TrainingJobStatus, generation: int, now: datetime) -> None:
-        self.status = status.model_copy(deep=True)
-        self.generation = generation
-        self.now = now
-        self.events: list[tuple[str, str, str]] = []
-
-    parse = staticmethod(parse)
-
-    def set(self, type_: str, value: bool, reason: str, message: str = "") -> bool:
-        """Set a condition; True when its status flipped (or it is new)."""
-        before = self.status.condition(type_)
-        self.status.conditions = set_condition(
-            self.status.conditions, type_, value, reason, message,
-            generation=self.generation, now=iso(self.now),
-        )
-        after = self.status.condition(type_)
-        return before is None or (after is not None and before.status != after.status)
-
-    def _event(self, kind: str, reason: str, message: str) -> None:
-        self.events.append((kind, reason, message))
+class StatusBuilder(LifecycleStatus):
+    """The status one pass writes: its observations, placement and the gang's life, on top of
+    the lifecycle transitions (status_lifecycle.py) and the mechanics (status_edits.py)."""
 
     # --- observations --------------------------------------------------------
 
@@ -183,10 +144,6 @@ class StatusBuilder:
 
     def config_ok(self) -> None:
         self.set(C.CONFIG_VALID, True, Reason.CONFIG_OK, "references resolve")
-
-    def _waiting_phase(self) -> None:
-        if self.status.phase not in ("Recovering",):
-            self.status.phase = "Recovering" if self.status.start_time else "Pending"
 
     def unschedulable(self, reason: str, message: str) -> None:
         self._waiting_phase()
@@ -319,149 +276,6 @@ class StatusBuilder:
                     f"{rec.cause or 'failure'}")
         return total, rec.cause or "application"
 
-    def record_failure(self, failure: Failure, policy: FailurePolicy) -> None:
-        when = iso(self.now)
-        self.status.last_failure = FailureRecord(
-            reason=failure.reason, message=failure.message, time=when,
-            pod=failure.pod, node=failure.node, exit_code=failure.exit_code,
-        )
-        self.set(C.READY, False, failure.reason, failure.message)
-        if failure.reason == Reason.PROGRESS_STALLED:
-            self.set(C.PROGRESSING, False, failure.reason, failure.message)
-        self._event(WARNING, failure.reason, failure.message)
-        before = avoided_nodes(self.status.node_failures)
-        self.status.node_failures = record_node_failures(self.status.node_failures, failure, policy, when)
-        for node in sorted(avoided_nodes(self.status.node_failures) - before):
-            self._event(WARNING, Reason.NODE_AVOIDED,
-                        f"node {node} failed this job {policy.node_failure_threshold} times "
-                        "(spec.failurePolicy.nodeFailureThreshold): re-plans avoid it")
-
-    def forgive_nodes(self, nodes: Set[str]) -> None:
-        """Avoided nodes the next placement uses anyway (nothing else fits): their count restarts."""
-        if not nodes:
-            return
-        for row in self.status.node_failures:
-            if row.node in nodes:
-                row.avoided, row.failures = False, 0
-        self._event(WARNING, Reason.NODES_FORGIVEN,
-                    f"no capacity fits the gang without nodes that failed it before: using "
-                    f"{', '.join(sorted(nodes))} again (spec.failurePolicy.nodeFailureThreshold)")
-
-    def restarting(self, verdict: RestartDecision, next_attempt: int, kind: str = APPLICATION) -> None:
-        st = self.status
-        used = used_budgets(st.restarts, st.restarts_by_class)
-        if kind == APPLICATION:
-            used.application += 1
-        else:
-            used.infrastructure += 1
-        st.restarts_by_class = used
-        st.restarts = verdict.restarts
-        st.attempt = next_attempt
-        st.phase = "Recovering"
-        started = st.last_failure.time if st.last_failure else iso(self.now)
-        st.recovery = self._recovery(started, kind)
-        self.set(C.RECOVERING, True, Reason.BACKOFF if verdict.delay_seconds else Reason.RESTARTED,
-                 verdict.message)
-
-    def _recovery(self, started: str, cause: str, mode: str | None = None) -> RecoveryStatus:
-        """A new recovery in flight, keeping the last one's figures for display."""
-        old = self.status.recovery
-        return RecoveryStatus(
-            last_seconds=old.last_seconds if old else None,
-            time_to_first_step_seconds=old.time_to_first_step_seconds if old else None,
-            phases=old.phases if old else None,
-            started=started, fault_time=started, cause=cause, mode=mode,
-        )
-
-    def rolling(self, generation: int, next_attempt: int, resume: int | None) -> None:
-        """The spec's pod template changed: a restart that uses no failure budget."""
-        st = self.status
-        st.attempt = next_attempt
-        st.phase = "Recovering"
-        st.recovery = self._recovery(iso(self.now), "rollout", "rollout")
-        step = "from scratch" if resume is None else f"from step {resume}"
-        message = f"the pod template changed (generation {generation}): restarting the gang {step}"
-        self.set(C.RECOVERING, True, Reason.SPEC_CHANGED, message)
-        self._event(NORMAL, Reason.SPEC_CHANGED, message)
-
-    def resizing(self, request: elastic.ResizeRequest, new_data: int, next_attempt: int) -> None:
-        st = self.status
-        st.attempt = next_attempt
-        st.phase = "Recovering"
-        st.recovery = self._recovery(
-            iso(self.now), "resize", elastic.resize_kind(request.current, new_data) or "resize",
-        )
-        message = f"{request.message}: data {request.current} -> {new_data}"
-        self.set(C.RECOVERING, True, Reason.RESIZED, message)
-        self._event(NORMAL, Reason.RESIZED, message)
-
-    def moving(self, nodes: list[str], new_data: int, next_attempt: int, resume: int | None) -> None:
-        """Nodes of the running gang were cordoned: a planned restart off them, no failure budget."""
-        st = self.status
-        previous = st.parallelism.data if st.parallelism else new_data
-        st.attempt = next_attempt
-        st.phase = "Recovering"
-        st.recovery = self._recovery(
-            iso(self.now), "drain", elastic.resize_kind(previous, new_data) or "drain",
-        )
-        step = "from the last commit" if resume is None else f"from step {resume}"
-        degree = f", data {previous} -> {new_data}" if new_data != previous else ""
-        message = (f"node{'s' if len(nodes) > 1 else ''} {', '.join(nodes)} cordoned: moving the "
-                   f"gang off before an eviction, {step}{degree}")  # fmt: skip
-        self.set(C.RECOVERING, True, Reason.NODE_CORDONED, message)
-        self._event(NORMAL, Reason.NODE_CORDONED, message)
-
-    def suspending(self, attempt: int, why: str = "spec.suspend") -> None:
-        """spec.suspend (or a Kueue eviction): the running gang was asked for a checkpoint and
-        still trains."""
-        message = f"{why}: waiting for attempt {attempt}'s checkpoint, then the gang stops"
-        self.set(C.SUSPENDED, False, Reason.SUSPENDING, message)
-
-    def suspended(self, step: int | None, stopped: int, why: str = "spec.suspend",
-                  reason: str = Reason.SUSPENDED,
-                  then: str = "false resumes it from the newest commit") -> None:
-        """spec.suspend (or a Kueue eviction): no pod of the job runs; the job and its
-        checkpoints stay."""
-        st = self.status
-        st.phase = "Suspended"
-        if st.recovery is not None:
-            st.recovery.started = None  # a recovery that was in flight is not finished: it ends here
-        resume = "no committed checkpoint yet" if step is None else f"checkpoint of step {step} committed"
-        message = f"{why}: the gang is stopped ({resume}); {then}"
-        self.set(C.READY, False, reason, message)
-        self.set(C.RECOVERING, False, reason, message)
-        if self.set(C.SUSPENDED, True, reason, message):
-            self._event(NORMAL, reason, f"{message}; {stopped} pods deleted" if stopped else message)
-
-    def resumed(self, message: str = "spec.suspend is false: the gang starts again from the "
-                "newest committed step") -> None:
-        """spec.suspend went back to false (or Kueue readmitted the job): the next launch is a
-        planned restart (cause resume)."""
-        st = self.status
-        if st.start_time:
-            st.phase = "Recovering"
-            st.recovery = self._recovery(iso(self.now), "resume", "resume")
-        else:
-            st.phase = "Pending"
-        self.set(C.SUSPENDED, False, Reason.RESUMED, message)
-        self._event(NORMAL, Reason.RESUMED, message)
-
-    def admission(self, admitted: bool, reason: str, message: str) -> None:
-        """Kueue's decision on the job's Workload, as the Admitted condition (an Event when it
-        changes)."""
-        if self.set(C.ADMITTED, admitted, reason, message):
-            self._event(WARNING if reason == Reason.EVICTED else NORMAL, reason, message)
-
-    def failed(self, reason: str, message: str) -> None:
-        st = self.status
-        st.phase = "Failed"
-        st.completion_time = iso(self.now)
-        if st.recovery is not None:
-            st.recovery.started = None
-        self.set(C.RECOVERING, False, reason, message)
-        self.set(C.FAILED, True, reason, message)
-        self._event(WARNING, reason, f"job Failed: {message}")
-
     def summarize(self) -> None:
         """status.reason/message: why the job is in its phase, from the condition that explains it."""
         st = self.status
@@ -486,10 +300,3 @@ class StatusBuilder:
         st.reason = ready.reason if ready else None
         st.message = ready.message if ready else None
 
-    def succeeded(self) -> None:
-        st = self.status
-        st.phase = "Succeeded"
-        st.completion_time = iso(self.now)
-        self.set(C.READY, False, Reason.COMPLETED, "all pods Succeeded")
-        self.set(C.SUCCEEDED, True, Reason.COMPLETED, "all pods Succeeded")
-        self._event(NORMAL, Reason.COMPLETED, "job Succeeded; checkpoints are kept")
