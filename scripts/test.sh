@@ -20,18 +20,6 @@ stage_table() {
              for (i = 1; i <= n; i++) { k = order[i]; if (k in e) printf "%-28s %7d %7d %7d\n", k, b[k], e[k], e[k] - b[k]
                                         else printf "%-28s %7d %7s %7s\n", k, b[k], "-", "-" } }' "$stages"
 }
-testbed_log=$(mktemp)
-stage begin testbed-build
-(testbed/build.sh; c=$?; echo "end testbed-build $SECONDS" >>"$stages"; exit $c) >"$testbed_log" 2>&1 &
-testbed_build=$!
-stage begin venv
-venv=$(scripts/bootstrap.sh trainer | tail -n 1)
-stage end venv
-export PATH="$venv/bin:$PATH"
-# This checkout's code first: the cached venv is shared by every checkout on the machine.
-export PYTHONPATH="$root/operator:$root/trainer_image:$root${PYTHONPATH:+:$PYTHONPATH}"
-# mypy analyses torch on a cold cache (minutes): keep its cache with the other builds.
-export MYPY_CACHE_DIR=${MYPY_CACHE_DIR:-${TOPOTRAIN_CACHE:-$HOME/.cache/topotrain}/mypy}
 whole=0
 [ $# -eq 0 ] && whole=1
 kind=0
@@ -56,6 +44,34 @@ kueue_build_start() {
     >"$kueue_log" 2>&1 &
   kueue_build=$!
 }
+# Work that needs neither the venv nor the testbed's binaries starts first, at the lowest CPU
+# priority, so that it fills the cores while the venv downloads, mypy runs on one core and the
+# testbed's Go builds wait on module downloads: Kueue and JobSet, the Docker engine, the kind
+# base images and the kind binaries that share nothing with the testbed's Kubernetes build
+# (kind, crictl, containerd, CoreDNS). The kind preparation waits for it before it starts.
+early=""
+if [ $whole -eq 1 ]; then
+  kueue_build_start
+  if [ "$kind" = 1 ]; then
+    early_log=$(mktemp)
+    stage begin kind-early
+    (nice -n 19 scripts/kind/base-images.sh && nice -n 19 scripts/kind/build-bins.sh kind crictl containerd coredns
+     c=$?; echo "end kind-early $SECONDS" >>"$stages"; exit $c) >"$early_log" 2>&1 &
+    early=$!
+  fi
+fi
+testbed_log=$(mktemp)
+stage begin testbed-build
+(testbed/build.sh; c=$?; echo "end testbed-build $SECONDS" >>"$stages"; exit $c) >"$testbed_log" 2>&1 &
+testbed_build=$!
+stage begin venv
+venv=$(scripts/bootstrap.sh trainer | tail -n 1)
+stage end venv
+export PATH="$venv/bin:$PATH"
+# This checkout's code first: the cached venv is shared by every checkout on the machine.
+export PYTHONPATH="$root/operator:$root/trainer_image:$root${PYTHONPATH:+:$PYTHONPATH}"
+# mypy analyses torch on a cold cache (minutes): keep its cache with the other builds.
+export MYPY_CACHE_DIR=${MYPY_CACHE_DIR:-${TOPOTRAIN_CACHE:-$HOME/.cache/topotrain}/mypy}
 kueue_tests() {
   local c=0 start=$SECONDS
   wait "$kueue_build" || c=$?
@@ -93,7 +109,8 @@ if [ "$kind" = 1 ]; then
   # The cluster's owner is this run: a cluster left by an earlier run that was killed is deleted.
   export TOPOTRAIN_KIND_OWNER=$$
   stage begin kind-prepare
-  (nice -n 19 scripts/kind-e2e.sh --prepare; c=$?; echo "end kind-prepare $SECONDS" >>"$stages"; exit $c) \
+  (while [ -n "$early" ] && kill -0 "$early" 2>/dev/null; do sleep 5; done
+   nice -n 19 scripts/kind-e2e.sh --prepare; c=$?; echo "end kind-prepare $SECONDS" >>"$stages"; exit $c) \
     >"$kind_log" 2>&1 &
   kind_prepare=$!
   kind_pending() { kill "$kind_prepare" 2>/dev/null && wait "$kind_prepare" 2>/dev/null; }
@@ -118,7 +135,6 @@ if [ $# -eq 0 ]; then
   split=1
   set -- tests --durations=25 -m "not kueue" --ignore=tests/integration --ignore=tests/chaos
   [ "$kind" = 1 ] && set -- "$@" --ignore=tests/unit
-  kueue_build_start
 fi  # (otherwise tests/conftest.py's `kueue` fixture builds them when a selected test needs them)
 stage begin pytest
 if [ $split = 1 ]; then
@@ -153,6 +169,7 @@ if [ "$kind" = 1 ]; then
   wait "$kind_prepare" || prepare_code=$?
   trap - EXIT
   echo "== kind: preparation exit $prepare_code"
+  [ -n "$early" ] && { grep -E ' took |built|error' "$early_log" || true; }
   if [ $prepare_code -eq 0 ]; then grep -E ' took |prepared in' "$kind_log" || true; else tail -n 40 "$kind_log"; fi
   start=$SECONDS
   # (after a failed preparation its builds run again here)
