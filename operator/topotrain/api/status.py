@@ -38,6 +38,7 @@ class Reason:
     SECRET_INVALID = "CheckpointSecretInvalid"
     SECRET_FORBIDDEN = "CheckpointSecretForbidden"
     CONFIG_OK = "ConfigResolved"
+    INVALID_SPEC = "InvalidSpec"  # the spec does not parse (an object older than the CRD's schema)
     PODS_PENDING = "PodsPending"
     PODS_RUNNING = "PodsRunning"
     POD_FAILED = "PodFailed"

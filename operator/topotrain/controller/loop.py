@@ -23,13 +23,7 @@ import kopf
 from pydantic import ValidationError
 
 from topotrain.api.spec import TrainingJobSpec
-from topotrain.api.status import (
-    ConditionType,
-    Reason,
-    ResumedFromStatus,
-    TrainingJobStatus,
-    set_condition,
-)
+from topotrain.api.status import ConditionType, TrainingJobStatus
 from topotrain.controller.act import Actuator
 from topotrain.controller.indexes import IndexedNodes, JobKey, index_values, job_pods_key
 from topotrain.controller.metrics import METRICS
@@ -38,32 +32,18 @@ from topotrain.controller.process import Operator
 from topotrain.controller.queue_link import QueueLink, QueueView, queue_name
 from topotrain.controller.snapshot import Snapshot
 from topotrain.core import reconcile as rec
-from topotrain.core.decision import Decision, Launch, Observed
+from topotrain.core import transitions
+from topotrain.core.decision import Decision, Observed, PodsAccepted, Refusal
 from topotrain.core.kueue_admission import within_assignment
 from topotrain.core.manifests import template_hash
 from topotrain.core.node_failures import avoided_nodes
 from topotrain.core.planning import FirstFeasible, LazyPlanner, PlacementPlanner, Planner, WouldPlan
 from topotrain.core.rank_table import RankTable
-from topotrain.core.reconcile_status import CheckpointView, StatusBuilder
-from topotrain.core.status_edits import iso
+from topotrain.core.reconcile_status import CheckpointView
 
 log = logging.getLogger("topotrain.jobs")
 
 
-def refusal_condition(refused: Mapping[str, str]) -> tuple[str, str]:
-    """(reason, message) of a PodsCreated=False condition from the API server's refusals."""
-    name, text = next(iter(sorted(refused.items())))
-    code = text.split(":", 1)[0]
-    if code == "409" and "not owned by this TrainingJob" in text:
-        reason = Reason.FOREIGN_OBJECT  # another object's pod holds the name: wait, never fail
-    elif code == "403" and "exceeded quota" in text:
-        reason = Reason.QUOTA_EXCEEDED
-    elif code in ("400", "422"):
-        reason = Reason.POD_SPEC_INVALID
-    else:
-        reason = Reason.POD_CREATE_REFUSED
-    more = f" (+{len(refused) - 1} more)" if len(refused) > 1 else ""
-    return reason, f"the API server refused pod {name}{more}: {text}; the gang was not started"
 COALESCE_SECONDS = 0.02  # let a burst of watch events land before the next pass
 
 
@@ -76,6 +56,9 @@ class JobLoop:
         self.observer = Observer(op.kube, op.settings, self.uid)
         self.actuator = Actuator(op.kube, op.settings, op.ledger)
         self.last_refusal: datetime | None = None
+        # The API server's answer to the last pass's pod creates, for the next pass to say.
+        self.refusal: Refusal | None = None
+        self.accepted: PodsAccepted | None = None
         self.queue = QueueLink(op.kube, key, self.uid, op.settings.labels)
         self.queue_view: QueueView | None = None  # this pass's reading of the Kueue Workload
 
@@ -105,16 +88,16 @@ class JobLoop:
 
     async def pass_once(self, pods: kopf.Index[str, Any], nodes: kopf.Index[str, Any],
                         stopped: kopf.DaemonStopped | None = None) -> float | None:
+        """Observe, decide (pure), write the status once, act; the seconds until the next pass
+        (None: when something changes)."""
         started = time.perf_counter()
-        raw_status = self.op.last_written(self.key, self.uid)
-        if raw_status is None:
-            raw_status = dict(self.body.get("status") or {})
-            self.op.written[self.key] = (self.uid, raw_status)
-        status = TrainingJobStatus.model_validate(raw_status)
+        status = TrainingJobStatus.model_validate(self._status_read())
         try:
             spec = TrainingJobSpec.model_validate(dict(self.body.get("spec") or {}))
         except ValidationError as exc:
-            return await self._invalid_spec(status, str(exc).splitlines()[0:3])
+            rejected = transitions.reject_spec(status, str(exc).splitlines()[0:3], datetime.now(UTC))
+            await self._write_status(rejected.status)
+            return None
         view = self.queue_view = None
         self.actuator.queued = queue_name(self.body) is not None
         if self.actuator.queued:
@@ -124,7 +107,46 @@ class JobLoop:
         problem, ckpt = await asyncio.to_thread(self.observer.checkpoint, self.key, spec, status)
         owned, table = await asyncio.to_thread(
             self.observer.children, self.key, self.actuator.problem is not None)
-        problem = problem or owned
+        look = WatchLook(self.op, self.key, pods, nodes)
+        decision, nodes_used, ckpt = await self._decision(spec, status, look, ckpt, table, problem or owned)
+        decided = time.perf_counter()
+        if stopped:
+            # The job was deleted while this pass decided: its namesake may exist already, and
+            # a status patch or pod by this name would land on the other object.
+            self.actuator.unreserve(self.key, decision)
+            return None
+        try:
+            # Intent first: the status (attempt, restarts, failure) is durable before any pod
+            # changes, so an operator killed at any line resumes without losing or repeating it.
+            await self._write_status(decision.status)
+        except BaseException:
+            self.actuator.unreserve(self.key, decision)  # nothing was created: free the GPUs now
+            raise
+        self.refusal = self.accepted = None  # said by this write, when there was any
+        written = time.perf_counter()
+        await self._act(look, spec, view, decision)
+        self._log_pass(decision, decided - started, written - decided, time.perf_counter() - written)
+        if view is not None:
+            await self._settle_queue(view, decision)
+        self._observe_metrics(decision, ckpt)
+        self.op.note(self.key, wants_capacity(decision.status, spec), nodes_used)
+        METRICS.reconcile.observe(time.perf_counter() - started)
+        # The API server's answer to this pass's pod creates is said by the next pass, at once.
+        return 0.0 if self.refusal is not None or self.accepted is not None else decision.requeue_after
+
+    def _status_read(self) -> dict[str, Any]:
+        """The status this pass starts from: the one last written, else the object's."""
+        raw_status = self.op.last_written(self.key, self.uid)
+        if raw_status is None:
+            raw_status = dict(self.body.get("status") or {})
+            self.op.written[self.key] = (self.uid, raw_status)
+        return raw_status
+
+    async def _decision(self, spec: TrainingJobSpec, status: TrainingJobStatus, look: WatchLook,
+                        ckpt: CheckpointView | None, table: RankTable | None,
+                        problem: tuple[str, str] | None,
+                        ) -> tuple[Decision, frozenset[str], CheckpointView | None]:
+        """The pass's decision, the nodes it uses, and the checkpoint view it was taken on."""
         # Decisions run in a worker thread (building the inventory and planning a large gang take
         # long, and kopf's event loop must keep serving watches and probes). Most passes (a
         # Running job's heartbeat, a job that waits) plan nothing and create no pods: they decide
@@ -134,7 +156,6 @@ class JobLoop:
         # ledger before the lock is released, so another job's plan never takes their GPUs; the
         # status write and the pod changes run after it, so one job's slow API call never holds
         # up every other job.
-        look = WatchLook(self.op, self.key, pods, nodes)
         decision: Decision | None = None
         nodes_used: frozenset[str] = frozenset()
         try:
@@ -156,49 +177,38 @@ class JobLoop:
             _, ckpt = await asyncio.to_thread(self.observer.checkpoint, self.key, spec, status, True)
         if decision is None:  # not reached: the lock's loop decides whenever the first look did not
             raise RuntimeError(f"{self.key}: no decision")
-        decided = time.perf_counter()
-        if stopped:
-            # The job was deleted while this pass decided: its namesake may exist already, and
-            # a status patch or pod by this name would land on the other object.
-            self.actuator.unreserve(self.key, decision)
-            return None
-        try:
-            # Intent first: the status (attempt, restarts, failure) is durable before any pod
-            # changes, so an operator killed at any line resumes without losing or repeating it.
-            self._took_over(decision.status)
-            await self._write_status(decision.status)
-        except BaseException:
-            self.actuator.unreserve(self.key, decision)  # nothing was created: free the GPUs now
-            raise
-        written = time.perf_counter()
+        return decision, nodes_used, ckpt
+
+    async def _act(self, look: WatchLook, spec: TrainingJobSpec, view: QueueView | None,
+                   decision: Decision) -> None:
+        """Carry the decision out; keep the API server's answer to its pod creates for the next
+        pass (`refusal`, `accepted`), and post the pass's Events."""
         self.actuator.tas_hosts = frozenset(view.hosts or ()) if view is not None else frozenset()
         refused = await asyncio.to_thread(self.actuator.apply, self.key, self.body, spec, decision)
-        acted = time.perf_counter()
         if self.actuator.gone and (ghosts := self.op.ghosts.mark(look.pods, self.key[0], self.actuator.gone)):
             # Mostly a deletion the watch has not delivered yet; sometimes one it never will.
             log.info("%s/%s: the API server has no pod %s though the watch cache shows it: "
                      "leaving it out from now on", *self.key, ", ".join(sorted(self.actuator.gone)))
             self.op.ghosts_found(len(ghosts), [self.key])
         if refused:
-            await self._refused(decision.status, refused)
+            self.last_refusal = datetime.now(UTC)
+            self.refusal = transitions.refusal_condition(refused)
         elif decision.launch is not None and self.last_refusal is not None:
-            await self._accepted(decision.status, decision.launch)
+            self.last_refusal = None
+            launch = decision.launch
+            self.accepted = PodsAccepted(launch.attempt, len(launch.only or launch.assignments))
         for kind, reason, message in decision.events:
             kopf.event(self.body, type=kind, reason=reason, message=message)
             log.info("%s/%s %s %s: %s", *self.key, kind, reason, message)
+
+    def _log_pass(self, decision: Decision, deciding: float, writing: float, acting: float) -> None:
         if decision.launch or decision.delete or decision.release or decision.relabel:
             launch = decision.launch
             log.info("%s/%s phase %s: delete %d, create %s, release %d "
                      "(observe+decide %.2fs, status %.2fs, act %.2fs)", *self.key,
                      decision.status.phase, len(decision.delete),
                      f"attempt {launch.attempt} x{len(launch.only or launch.assignments)}" if launch else "-",
-                     len(decision.release), decided - started, written - decided, acted - written)
-        if view is not None:
-            await self._settle_queue(view, decision)
-        self._observe_metrics(decision, ckpt)
-        self.op.note(self.key, wants_capacity(decision.status, spec), nodes_used)
-        METRICS.reconcile.observe(time.perf_counter() - started)
-        return decision.requeue_after
+                     len(decision.release), deciding, writing, acting)
 
     def _decide(self, spec: TrainingJobSpec, status: TrainingJobStatus,
                 take: Callable[[], Snapshot],
@@ -266,7 +276,8 @@ class JobLoop:
             strategy=self.op.settings.recovery, last_refusal=self.last_refusal,
             template=template_hash(spec), move_off_cordoned=self.op.settings.move_off_cordoned,
             checkpoint_request_timeout=self.op.settings.checkpoint_request_timeout,
-            queue=view.gate if view else None,
+            queue=view.gate if view else None, refusal=self.refusal, accepted=self.accepted,
+            took_over=self.observer.took_over,
         )
 
     async def _settle_queue(self, view: QueueView, decision: Decision) -> None:
@@ -275,46 +286,6 @@ class JobLoop:
             await asyncio.to_thread(self.queue.release, view)
         if decision.status.phase in ("Succeeded", "Failed") and view.workload is not None:
             await asyncio.to_thread(self.queue.finish, view)
-
-    def _took_over(self, status: TrainingJobStatus) -> None:
-        """status.resumedFrom, and one Event, once the job took over another run's checkpoints."""
-        record = self.observer.took_over
-        if record is None or record.resumed_step is None or status.resumed_from is not None:
-            return
-        status.resumed_from = ResumedFromStatus(
-            uid=record.resumed_uid or "", step=record.resumed_step, time=iso(record.created))
-        whose = f"TrainingJob uid {record.resumed_uid}" if record.resumed_uid else "a run of unknown owner"
-        kopf.event(self.body, type="Warning", reason=Reason.RESUMED_FOREIGN,
-                   message=f"resuming checkpoints written by {whose}, from step {record.resumed_step} "
-                   "(spec.checkpoint.resumePolicy: Always)")
-
-    async def _refused(self, status: TrainingJobStatus, refused: Mapping[str, str]) -> None:
-        """Say in status why the gang was not created (the API server's own words)."""
-        self.last_refusal = datetime.now(UTC)
-        reason, message = refusal_condition(refused)
-        sb = StatusBuilder(status, int(self.body.get("metadata", {}).get("generation") or 0),
-                           self.last_refusal)
-        sb.pods_refused(reason, message)
-        sb.summarize()
-        for kind, why, text in sb.events:
-            kopf.event(self.body, type=kind, reason=why, message=text)
-        await self._write_status(sb.status)
-
-    async def _accepted(self, status: TrainingJobStatus, launch: Launch) -> None:
-        """The pods the API server refused before were created now: say so at once."""
-        self.last_refusal = None
-        sb = StatusBuilder(status, int(self.body.get("metadata", {}).get("generation") or 0),
-                           datetime.now(UTC))
-        if sb.pods_accepted(launch.attempt, len(launch.only or launch.assignments)):
-            sb.summarize()
-            await self._write_status(sb.status)
-
-    async def _invalid_spec(self, status: TrainingJobStatus, lines: list[str]) -> float | None:
-        status.conditions = set_condition(
-            status.conditions, ConditionType.CONFIG_VALID, False, "InvalidSpec", " ".join(lines),
-        )
-        await self._write_status(status)
-        return None
 
     async def _write_status(self, status: TrainingJobStatus) -> None:
         wire = status.to_wire()

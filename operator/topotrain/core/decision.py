@@ -2,9 +2,11 @@
 status to write, out.
 
 The controller builds `Observed` from the watch, the checkpoint store and the job's
-children; `reconcile.reconcile` returns the `Decision`; the controller carries it out
-(`Launch` creates an attempt's pods behind the gang gate, `Relabel` moves kept pods onto an
-in-place restart's attempt) and writes the status once.
+children, and from what acting on the last decision taught it (`Refusal`, `PodsAccepted`: the
+API server's answer to its pod creates, which the status says from this pass on);
+`reconcile.reconcile` returns the `Decision`; the controller carries it out (`Launch` creates an
+attempt's pods behind the gang gate, `Relabel` moves kept pods onto an in-place restart's
+attempt) and writes the status once.
 """
 
 from __future__ import annotations
@@ -15,11 +17,29 @@ from datetime import datetime
 
 from topotrain.api.spec import TrainingJobSpec
 from topotrain.api.status import TrainingJobStatus
+from topotrain.checkpoints import PrefixOwner
 from topotrain.core import planned, policy
 from topotrain.core.kueue_admission import QueueGate
 from topotrain.core.planning import Planner
 from topotrain.core.rank_table import RankTable
 from topotrain.core.reconcile_status import CheckpointView
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The API server refused pods of the gang the last pass launched (a PodsCreated=False
+    reason, and its words: transitions.refusal_condition)."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class PodsAccepted:
+    """The API server created every pod of the last pass's launch after refusing earlier ones."""
+
+    attempt: int
+    count: int
 
 
 @dataclass(frozen=True)
@@ -50,6 +70,12 @@ class Observed:
     # Seconds a planned change waits for the checkpoint it asks for (0: it asks none).
     checkpoint_request_timeout: float = planned.CHECKPOINT_REQUEST_TIMEOUT
     queue: QueueGate | None = None  # None: the job is not sent to a Kueue queue
+    # What acting on the last pass's decision found, for this pass's status to say.
+    refusal: Refusal | None = None
+    accepted: PodsAccepted | None = None
+    # The owner record of the job's checkpoint prefix, when it says the job took over another
+    # run's checkpoints (spec.checkpoint.resumePolicy: Always): status.resumedFrom.
+    took_over: PrefixOwner | None = None
 
 
 @dataclass(frozen=True)

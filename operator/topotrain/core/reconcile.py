@@ -27,6 +27,7 @@ from topotrain.core.reconcile_launch import WAIT_SHORT, blocking, launch, newer_
 from topotrain.core.reconcile_status import StatusBuilder
 from topotrain.core.reconcile_suspend import admission, hold_for_queue, suspend
 from topotrain.core.status_edits import parse
+from topotrain.core.transitions import FINISHED, observe_edge, settle
 
 OVERDUE_SECONDS = 30.0  # past a Terminating pod's grace period: deleted again (_overdue)
 
@@ -36,34 +37,74 @@ def selector(name: str) -> str:
 
 
 def reconcile(obs: Observed) -> Decision:
-    """One level-triggered pass."""
+    """One level-triggered pass, in steps:
+
+    1. Observe: the checkpoint store, and what acting on the last decision found
+       (transitions.observe_edge). A finished job only deletes what it need not keep.
+    2. The current attempt: the newest the status or any pod names; older pods go, and pods
+       kept by an in-place restart are moved onto it.
+    3. The configuration: a problem (a Secret, a name taken) stops a job that runs nothing.
+    4. One branch: spec.suspend, Kueue's hold, a Running gang that vanished, a launch, an
+       in-place restart in flight, or the steady gang (failures, rollout, drain, resize).
+    5. Afterwards: Kueue's quota back after an eviction, the recovery's first step, crashed
+       pods of earlier attempts, observedGeneration.
+    6. Settle the pass's status once (transitions.settle).
+    """
     sb = StatusBuilder(obs.status, obs.generation, obs.now)
     sb.status.selector = selector(obs.name)
     sb.observe_checkpoint(obs.checkpoint)
+    observe_edge(obs, sb)
     decision = Decision(status=sb.status)
-    if sb.status.phase in ("Succeeded", "Failed"):
-        # A Failed job keeps its crashed pods (they hold no GPUs) so their logs can be read.
-        keep = ("Failed",) if sb.status.phase == "Failed" else ()
-        decision.delete = [p.name for p in obs.pods if not p.terminating and p.phase not in keep]
-        sb.status.observed_generation = obs.generation
-        return _finish(decision, sb)
+    if sb.status.phase in FINISHED:
+        return settle(_finished(obs, sb, decision), sb)
+    obs, attempt, stale = _current_attempt(obs, sb, decision)
+    current = [p for p in obs.pods if p.attempt == attempt]
+    if not _configured(obs, sb, decision, current):
+        return settle(decision, sb)
+    _branch(obs, sb, decision, attempt, current, stale)
+    _afterwards(obs, sb, decision, attempt)
+    return settle(decision, sb)
+
+
+def _finished(obs: Observed, sb: StatusBuilder, decision: Decision) -> Decision:
+    # A Failed job keeps its crashed pods (they hold no GPUs) so their logs can be read.
+    keep = ("Failed",) if sb.status.phase == "Failed" else ()
+    decision.delete = [p.name for p in obs.pods if not p.terminating and p.phase not in keep]
+    sb.status.observed_generation = obs.generation
+    return decision
+
+
+def _current_attempt(obs: Observed, sb: StatusBuilder,
+                     decision: Decision) -> tuple[Observed, int, list[str]]:
+    """The attempt the pass works on, the pods as an in-place restart counts them, and the kept
+    pods still to be moved onto the attempt (relabelled)."""
     attempt = max([sb.status.attempt, *(p.attempt for p in obs.pods)])
     sb.status.attempt = attempt
     pods, stale = inplace.effective(obs.pods, sb.status)
     obs = replace(obs, pods=pods)
-    current = [p for p in obs.pods if p.attempt == attempt]
     decision.delete = [p.name for p in obs.pods if p.attempt < attempt and not p.terminating
                        and p.phase != "Failed"]
     decision.delete += _overdue(obs)
     relabel(obs, sb, decision, attempt, stale)
-    if obs.config_problem is not None:
-        sb.config_invalid(*obs.config_problem)
-        decision.events.extend(sb.events)
-        if not current:
-            decision.requeue_after = None  # a Secret or node change wakes us
-            return _finish(decision, sb)
-    else:
+    return obs, attempt, stale
+
+
+def _configured(obs: Observed, sb: StatusBuilder, decision: Decision,
+                current: list[policy.PodView]) -> bool:
+    """ConfigValid; False when a configuration problem stops a job that runs nothing yet."""
+    if obs.config_problem is None:
         sb.config_ok()
+        return True
+    sb.config_invalid(*obs.config_problem)
+    decision.events.extend(sb.events)
+    if current:
+        return True
+    decision.requeue_after = None  # a Secret or node change wakes us
+    return False
+
+
+def _branch(obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
+            current: list[policy.PodView], stale: list[str]) -> None:
     queue = obs.queue
     if queue is not None and not obs.spec.suspend:
         admission(obs, sb, queue)
@@ -88,7 +129,10 @@ def reconcile(obs: Observed) -> Decision:
         replace_in_place(obs, sb, decision, attempt, current, settled=not stale)
     else:
         _steady(obs, sb, decision, attempt, current)
-    if queue is not None and queue.evicted:
+
+
+def _afterwards(obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int) -> None:
+    if obs.queue is not None and obs.queue.evicted:
         # (spec.suspend too: it deactivates the Workload, which Kueue evicts)
         decision.release_quota = not any(p.phase not in ("Failed", "Succeeded") for p in obs.pods)
     if sb.status.phase == "Running":
@@ -102,15 +146,6 @@ def reconcile(obs: Observed) -> Decision:
                and p.phase not in ("Failed", "Succeeded")]
     if not any(p.template and obs.template and p.template != obs.template for p in staying):
         sb.status.observed_generation = obs.generation
-    return _finish(decision, sb)
-
-
-def _finish(decision: Decision, sb: StatusBuilder) -> Decision:
-    planned.settle(sb)
-    sb.summarize()
-    decision.status = sb.status
-    decision.events = list(dict.fromkeys([*decision.events, *sb.events]))
-    return decision
 
 
 def _steady(

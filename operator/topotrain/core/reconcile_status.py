@@ -1,8 +1,9 @@
 """How one reconcile pass edits the job's status: phases, conditions, Events.
 
 `StatusBuilder` works on a copy of the status read at the start of the pass
-(status_edits.py; the lifecycle transitions are in status_lifecycle.py);
-the edge writes the result once, and only if it differs. Conditions move
+(status_edits.py; the lifecycle transitions are in status_lifecycle.py); it is
+the only author of a job's status. `transitions.settle` turns it into the pass's
+one status write, which the edge makes only if it differs. Conditions move
 `lastTransitionTime` only on a flip, and an Event is emitted for a flip, never
 for a repeat, so Events mark transitions while status holds the truth.
 """
@@ -21,9 +22,10 @@ from topotrain.api.status import (
     Reason,
     RecoveryPhases,
     RecoveryStatus,
+    ResumedFromStatus,
 )
 from topotrain.api.status import ConditionType as C
-from topotrain.checkpoints import AttemptStart, WorkerFailure
+from topotrain.checkpoints import AttemptStart, PrefixOwner, WorkerFailure
 from topotrain.core import elastic
 from topotrain.core.planning import PlanOutcome
 from topotrain.core.status_edits import NORMAL, WARNING, iso, parse
@@ -100,6 +102,17 @@ class StatusBuilder(LifecycleStatus):
             self.status.progress = ProgressStatus(
                 step=view.progress_step, time=when, attempt=view.progress_attempt, observed_time=seen,
             )
+
+    def took_over(self, record: PrefixOwner) -> None:
+        """status.resumedFrom, and one Event, once the job took over another run's checkpoints."""
+        if record.resumed_step is None or self.status.resumed_from is not None:
+            return
+        self.status.resumed_from = ResumedFromStatus(
+            uid=record.resumed_uid or "", step=record.resumed_step, time=iso(record.created))
+        whose = f"TrainingJob uid {record.resumed_uid}" if record.resumed_uid else "a run of unknown owner"
+        self._event(WARNING, Reason.RESUMED_FOREIGN,
+                    f"resuming checkpoints written by {whose}, from step {record.resumed_step} "
+                    "(spec.checkpoint.resumePolicy: Always)")
 
     def _store_failing_since(self) -> datetime | None:
         """When the reads of a store that answered before began to fail (now: this pass's is the
