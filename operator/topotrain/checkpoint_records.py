@@ -1,8 +1,10 @@
-"""The records of the checkpoint layout (checkpoints.py), as the trainer writes and the operator reads them.
+"""The paths and records of the checkpoint layout (checkpoints.py), as the trainer writes and
+the operator reads them.
 
-COMMITTED, progress.json, failure.json and owner.json hold JSON documents; these are their
-typed forms, with the UTC time format they share. Stdlib only: `topotrain.checkpoints`
-re-exports every name here, and the trainer and the operator import them from there.
+`job_prefix`/`step_dir`/`attempt_dir` name the directories; COMMITTED, progress.json,
+failure.json and owner.json hold JSON documents, typed here, with the UTC time format they
+share. Stdlib only: `topotrain.checkpoints` exports every name here, and the trainer and the
+operator import them from there.
 """
 
 from __future__ import annotations
@@ -10,6 +12,36 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+
+STEP_PREFIX = "step-"
+
+
+def job_prefix(uri: str, namespace: str, name: str) -> str:
+    """`<uri>/<namespace>/<name>`: where one job's checkpoints live."""
+    split_uri(uri)  # validates the scheme and bucket
+    return f"{uri.rstrip('/')}/{namespace}/{name}"
+
+
+def step_dir(prefix: str, step: int) -> str:
+    """`<prefix>/step-0000000042`: the directory of one checkpoint."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return f"{prefix.rstrip('/')}/{STEP_PREFIX}{step:010d}"
+
+
+def attempt_dir(attempt: int, token: str) -> str:
+    """`attempt-3-9f2c41d0`: the directory one trainer run's save of a step writes into."""
+    return f"attempt-{attempt}-{token}"
+
+
+def split_uri(uri: str) -> tuple[str, str]:
+    """`s3://bucket/a/b` -> ("bucket", "a/b")."""
+    if not uri.startswith("s3://"):
+        raise ValueError(f"checkpoint uri {uri!r} must start with s3://")
+    bucket, _, key = uri[len("s3://") :].partition("/")
+    if not bucket:
+        raise ValueError(f"checkpoint uri {uri!r} names no bucket")
+    return bucket, key.strip("/")
 
 
 def utc_now() -> datetime:

@@ -18,8 +18,8 @@ stay readable.
 A checkpoint exists only once its COMMITTED marker exists; everything else
 under a step directory is a partial upload. boto3 only (no torch), so the
 operator image stays small. URIs stay strings (`s3://bucket/key/prefix`).
-The records themselves (`CommittedCheckpoint`, `Progress`, `AttemptStart`, ...) live in
-`checkpoint_records.py` and are exported from here under the same names.
+The layout's paths (`job_prefix`, `step_dir`, ...) and records (`CommittedCheckpoint`,
+`Progress`, `AttemptStart`, ...) live in `checkpoint_records.py`, exported from here too.
 """
 
 from __future__ import annotations
@@ -31,28 +31,20 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-# The records, re-exported (`X as X`): the trainer and the operator import them from here.
 from topotrain.checkpoint_records import (
-    AttemptStart as AttemptStart,
-)
-from topotrain.checkpoint_records import (
-    CommittedCheckpoint as CommittedCheckpoint,
-)
-from topotrain.checkpoint_records import (
-    PrefixOwner as PrefixOwner,
-)
-from topotrain.checkpoint_records import (
-    Progress as Progress,
-)
-from topotrain.checkpoint_records import (
-    ServedRequest as ServedRequest,
-)
-from topotrain.checkpoint_records import (
-    WorkerFailure as WorkerFailure,
-)
-from topotrain.checkpoint_records import (
+    STEP_PREFIX,
+    AttemptStart,
+    CommittedCheckpoint,
+    PrefixOwner,
+    Progress,
+    ServedRequest,
+    WorkerFailure,
+    attempt_dir,
     format_time,
+    job_prefix,
     parse_time,
+    split_uri,
+    step_dir,
     utc_now,
 )
 from topotrain.s3client import OPERATOR_TIMEOUTS, make_client
@@ -61,44 +53,38 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
     from mypy_boto3_s3.type_defs import ObjectIdentifierTypeDef
 
+# The layout's paths and records are this module's names too: the trainer and the operator
+# import them from here.
+__all__ = [
+    "COMMITTED",
+    "FAILURE",
+    "OWNER",
+    "PROGRESS",
+    "STEP_PREFIX",
+    "AttemptStart",
+    "CheckpointError",
+    "CheckpointStore",
+    "CommittedCheckpoint",
+    "PrefixOwner",
+    "Progress",
+    "ServedRequest",
+    "WorkerFailure",
+    "attempt_dir",
+    "job_prefix",
+    "operator_store",
+    "split_uri",
+    "step_dir",
+]
+
 COMMITTED = "COMMITTED"
 PROGRESS = "progress.json"
 OWNER = "owner.json"  # the TrainingJob (by UID) whose checkpoints these are; the operator writes it
 FAILURE = "failure.json"  # a supervisor's report of its own rank's failure (it waits for a restart)
-STEP_PREFIX = "step-"
 _STEP_RE = re.compile(r"^step-(\d{10})$")
 
 
 class CheckpointError(RuntimeError):
     """The checkpoint store holds something that does not follow the layout."""
-
-
-def job_prefix(uri: str, namespace: str, name: str) -> str:
-    """`<uri>/<namespace>/<name>`: where one job's checkpoints live."""
-    split_uri(uri)  # validates the scheme and bucket
-    return f"{uri.rstrip('/')}/{namespace}/{name}"
-
-
-def step_dir(prefix: str, step: int) -> str:
-    """`<prefix>/step-0000000042`: the directory of one checkpoint."""
-    if step < 0:
-        raise ValueError(f"step must be >= 0, got {step}")
-    return f"{prefix.rstrip('/')}/{STEP_PREFIX}{step:010d}"
-
-
-def attempt_dir(attempt: int, token: str) -> str:
-    """`attempt-3-9f2c41d0`: the directory one trainer run's save of a step writes into."""
-    return f"attempt-{attempt}-{token}"
-
-
-def split_uri(uri: str) -> tuple[str, str]:
-    """`s3://bucket/a/b` -> ("bucket", "a/b")."""
-    if not uri.startswith("s3://"):
-        raise ValueError(f"checkpoint uri {uri!r} must start with s3://")
-    bucket, _, key = uri[len("s3://") :].partition("/")
-    if not bucket:
-        raise ValueError(f"checkpoint uri {uri!r} names no bucket")
-    return bucket, key.strip("/")
 
 
 class CheckpointStore:
