@@ -100,18 +100,19 @@ class FleetNode:
     taints: tuple[tuple[Any, str, str], ...] = ()  # (key, value, effect) of the blocking ones
     labels: Mapping[str, str] = field(default_factory=dict)
     error: str = ""
+    uid: str = ""  # the Node object's (a namesake re-created under the name has another)
 
     @classmethod
     def parse(cls, node: Mapping[str, Any], levels: TopologyLevels) -> FleetNode:
         meta, spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
-        name = str(meta.get("name", "?"))
+        name, uid = str(meta.get("name", "?")), str(meta.get("uid") or "")
         labels: Mapping[str, str] = meta.get("labels") or {}
         try:
             allocatable = parse_count((status.get("allocatable") or {}).get(levels.gpu_resource))
         except ValueError as exc:
-            return cls(name, None, error=f"node {name}: status.allocatable.{levels.gpu_resource}: {exc}")
+            return cls(name, None, error=f"node {name}: status.allocatable.{levels.gpu_resource}: {exc}", uid=uid)
         if allocatable <= 0:
-            return cls(name, None, static_why=f"no allocatable {levels.gpu_resource}")
+            return cls(name, None, static_why=f"no allocatable {levels.gpu_resource}", uid=uid)
         path: Path = (
             labels.get(levels.block, UNLABELLED),
             labels.get(levels.rack, UNLABELLED),
@@ -127,7 +128,7 @@ class FleetNode:
         taints = tuple((t.get("key"), str(t.get("value") or ""), str(t.get("effect")))
                        for t in spec.get("taints") or [] if t.get("effect") in BLOCKING_EFFECTS)  # fmt: skip
         info = NodeInfo(name=name, pool=pool, allocatable=allocatable, free=allocatable, path=path)
-        return cls(name, info, why, taints, dict(labels))
+        return cls(name, info, why, taints, dict(labels), uid=uid)
 
     def why_not(self, tolerations: list[Mapping[str, Any]], selector: Mapping[str, str]) -> str:
         """`topology._unusable` for this node and one job ("" when the job can use it)."""
@@ -164,10 +165,18 @@ class Fleet:
                 self._nodes[parsed.name] = parsed
                 self._order = None
 
-    def node_gone(self, name: str) -> None:
+    def node_gone(self, name: str, uid: str = "") -> None:
+        """The node is deleted (the watch said so) or, with `uid`, the node object `uid` is gone
+        (a resync's LISTs lack it: a ghost); a namesake re-created since keeps its place."""
         with self._mutex:
-            if self._nodes.pop(name, None) is not None:
+            node = self._nodes.get(name)
+            if node is not None and (not uid or node.uid == uid):
+                del self._nodes[name]
                 self._order = None
+
+    def node_names(self) -> set[str]:
+        with self._mutex:
+            return set(self._nodes)
 
     def pod_seen(self, pod: Mapping[str, Any]) -> None:
         meta = pod.get("metadata") or {}

@@ -95,7 +95,7 @@ def slim_node(body: Mapping[str, Any]) -> dict[str, Any]:
     meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
     ready = [dict(c) for c in status.get("conditions") or [] if c.get("type") == "Ready"]
     return {
-        "metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {})},
+        "metadata": {"name": meta.get("name"), "uid": meta.get("uid"), "labels": dict(meta.get("labels") or {})},
         "spec": {"unschedulable": spec.get("unschedulable", False),
                  "taints": [dict(t) for t in spec.get("taints") or []]},
         "status": {"allocatable": dict(status.get("allocatable") or {}), "conditions": ready},
@@ -142,24 +142,35 @@ def pod_entries(slim: Mapping[str, Any]) -> dict[Any, Mapping[str, Any]]:
 
 
 class IndexedNodes(Mapping[str, Mapping[str, Any]]):
-    """Node name -> slim node, read from the nodes index at each lookup."""
+    """Node name -> slim node, read from the nodes index at each lookup; the nodes whose uid is
+    in `ghosts` (deleted, though the index still shows them) are not there."""
 
-    def __init__(self, index: kopf.Index[Any, Any]) -> None:
-        self._index = index
+    def __init__(self, index: kopf.Index[Any, Any], ghosts: frozenset[str] = frozenset()) -> None:
+        self._index, self._ghosts = index, ghosts
 
     def __getitem__(self, name: str) -> Mapping[str, Any]:
         store = self._index.get(node_key(name))
         found: list[Mapping[str, Any]] = list(store) if store is not None else []  # one C call: the event loop may be changing it
-        if not found:
+        if not found or found[0]["metadata"].get("uid") in self._ghosts:
             raise KeyError(name)
         return found[0]
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and node_key(name) in self._index
+        if not isinstance(name, str) or node_key(name) not in self._index:
+            return False
+        try:
+            return bool(self[name])  # (a ghost's name raises)
+        except KeyError:
+            return False
+
+    def _live(self) -> list[Mapping[str, Any]]:
+        return [n for n in index_values(self._index) if n["metadata"].get("uid") not in self._ghosts]
 
     def __iter__(self) -> Iterator[str]:
-        return (str(n["metadata"]["name"]) for n in index_values(self._index))
+        return (str(n["metadata"]["name"]) for n in self._live())
 
     def __len__(self) -> int:
+        if self._ghosts:
+            return len(self._live())
         store = self._index.get("all")
         return len(store) if store is not None else 0

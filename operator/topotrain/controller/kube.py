@@ -40,6 +40,7 @@ PASS_THREADS = 16  # the event loop's worker threads (main.py): the passes' bloc
 # client's default, 5 per CPU, is 10 on two cores: a gang's 16 parallel creates beside the passes'
 # calls found the pool full, and each call past it paid a TLS handshake on a busy API server.)
 CONNECTIONS = WORKERS + PASS_THREADS
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"  # the resyncs' LISTs
 
 
 class SecretProblem(Exception):
@@ -218,26 +219,30 @@ class Kube:
         return None
 
     def pod_uids(self, namespaces: tuple[str, ...], *, cached: bool, page: int = 500) -> set[str]:
-        """The uids of every pod in `namespaces` (empty: cluster-wide), one LIST each, paged.
-        `cached`: served from the API server's watch cache (resourceVersion=0, cheap), else a
-        consistent read."""
-        uids: set[str] = set()
-        for namespace in namespaces or (None,):
-            token: str | None = None
-            while True:
-                kw: dict[str, Any] = {"limit": page, "_preload_content": False}
-                if cached:
-                    kw["resource_version"] = "0"
-                if token:
-                    kw["_continue"] = token
-                resp: Any = (self.core.list_namespaced_pod(namespace, **kw) if namespace
-                             else self.core.list_pod_for_all_namespaces(**kw))  # fmt: skip
-                body = json.loads(resp.data)  # (_preload_content=False: the raw response)
-                uids.update(str(p["metadata"]["uid"]) for p in body.get("items") or [])
-                token = (body.get("metadata") or {}).get("continue")
-                if not token:
-                    break
-        return uids
+        """The uids of every pod in `namespaces` (empty: cluster-wide), `metadata_list`'s."""
+        return {uid for namespace in namespaces or (None,)
+                for uid in self.metadata_list("pods", namespace, cached=cached, page=page)}  # fmt: skip
+
+    def metadata_list(self, plural: str, namespace: str | None, *, cached: bool,
+                      page: int = 500) -> dict[str, str]:
+        """uid -> name of every pod or node (in `namespace`; None: all), one LIST, paged, as
+        metadata only (PartialObjectMetadataList: no spec or status, a fraction of a pod's bytes).
+        `cached`: from the API server's watch cache (resourceVersion=0, cheap), else consistent."""
+        found: dict[str, str] = {}
+        kw: dict[str, Any] = {"limit": page, "_preload_content": False, "_headers": {"Accept": METADATA_LIST}}
+        if cached:
+            kw["resource_version"] = "0"
+        while True:
+            every: Callable[..., Any] = (self.core.list_node if plural == "nodes"
+                                         else self.core.list_pod_for_all_namespaces)  # fmt: skip
+            resp: Any = self.core.list_namespaced_pod(namespace, **kw) if namespace is not None else every(**kw)
+            body = json.loads(resp.data)  # (_preload_content=False: the raw response)
+            if body.get("kind") != "PartialObjectMetadataList":
+                raise RuntimeError(f"LIST {plural} answered {body.get('kind')!r}, not metadata only")
+            found.update((str(o["metadata"]["uid"]), str(o["metadata"].get("name"))) for o in body.get("items") or [])
+            kw["_continue"] = (body.get("metadata") or {}).get("continue")
+            if not kw["_continue"]:
+                return found
 
     # The pod calls below return the names the API server answered 404 for (no such pod now):
     # the caller leaves them out of its watch cache (snapshot.Ghosts).

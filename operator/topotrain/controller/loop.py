@@ -70,7 +70,7 @@ class JobLoop:
             while not stopped:
                 event.clear()
                 try:
-                    await self.op.resync_if_due(pods)
+                    await self.op.resync_if_due(pods, nodes)
                     requeue = await self.pass_once(pods, nodes, stopped)
                 except Exception:  # one job's trouble never stops the others
                     log.exception("reconcile of %s/%s failed; retrying", *self.key)
@@ -360,12 +360,12 @@ class WatchLook:
         op, ghosts = self.op, self.op.ghosts.current()
         fleet = op.fleet
         if fleet is None or fleet.levels != op.settings.labels:
-            nodes = index_values(self._nodes)
+            nodes = op.node_ghosts.drop(index_values(self._nodes))
             self.pods = op.ghosts.drop(index_values(self._pods))
             pods = self.pods
             return lambda: Snapshot.take(nodes, pods, op.ledger, fleet, ghosts)
         self.pods = op.ghosts.drop(index_values(self._pods, job_pods_key(self.key)), every=False)
-        pods, index, lookup = self.pods, self._pods, IndexedNodes(self._nodes)
+        pods, index, lookup = self.pods, self._pods, IndexedNodes(self._nodes, op.node_ghosts.current())
 
         def shown(job: JobKey, pod: tuple[str, str]) -> bool:
             store = index.get(job_pods_key(job))

@@ -101,6 +101,8 @@ async def pod_event(body: kopf.Body, type: str | None, **_: Any) -> None:
     key = job_of(body)
     if key is not None:
         op.wake(key)
+    if type is None:  # from a LIST: after start-up, a re-list (process.py relisted)
+        op.relisted()
     if type == "DELETED":
         op.ledger.deleted(body)  # created and deleted before any pass saw it
         if op.fleet is not None:
@@ -118,6 +120,8 @@ async def node_event(body: kopf.Body, type: str | None, **_: Any) -> None:
         return
     slim = slim_node(body)
     name = str(slim["metadata"]["name"])
+    if type is None:  # from a LIST: after start-up, a re-list (process.py relisted)
+        op.relisted()
     if type == "DELETED" and op.fleet is not None:
         op.fleet.node_gone(name)
     ready = tuple(c.get("status") for c in slim["status"]["conditions"])

@@ -64,6 +64,10 @@ class Metrics:
             "(a 404 to a call of ours, mostly a deletion the watch had not delivered yet; or missing "
             "from two LISTs, a deletion it missed); left out of planning from then on", registry=r,
         )
+        self.ghost_nodes = Counter(
+            "topotrain_ghost_nodes", "Nodes the watch cache showed that two LISTs did not (a deletion "
+            "the watch missed while it was away); left out of the fleet from then on", registry=r,
+        )
         self.watch_events = Counter(
             "topotrain_watch_events", "Watch events handled, by resource (nodes, GPU pods, TrainingJobs)",
             ["resource"], registry=r,

@@ -1,8 +1,8 @@
 """The state every job's loop shares in one operator process.
 
 One `Operator` per process (main.py makes it at start-up): the settings, the API client,
-the ledger of pods created but not yet seen, the ghost pods left out of the watch cache,
-the fleet's free GPUs, the plan lock and its thread, each loop's wake-up event and the
+the ledger of pods created but not yet seen, the ghost pods and nodes left out of the watch
+cache, the fleet's free GPUs, the plan lock and its thread, each loop's wake-up event and the
 status it last wrote, and what wakes whom (the jobs waiting for capacity, the nodes of each
 job's pods).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +27,8 @@ from topotrain.controller.settings import Settings
 from topotrain.controller.snapshot import Ghosts, Ledger
 
 log = logging.getLogger("topotrain.jobs")
+STARTUP_SECONDS = 30.0  # the first resync waits this long (the watches' first LISTs fill the indexes)
+RELIST_SETTLE_SECONDS = 5.0  # after a watch's re-list: the resync runs once the LIST's events landed
 
 
 @dataclass
@@ -37,6 +39,7 @@ class Operator:
     kube: Kube
     ledger: Ledger = field(default_factory=Ledger)
     ghosts: Ghosts = field(default_factory=Ghosts)
+    node_ghosts: Ghosts = field(default_factory=Ghosts)  # nodes deleted while the watch was away
     fleet: Fleet | None = None  # free GPUs kept from the watch (main.py feeds it); None: recounted
     plan_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # The thread that decides under plan_lock (only the lock's holder uses it, so it is free)
@@ -53,7 +56,8 @@ class Operator:
     wants_capacity: set[JobKey] = field(default_factory=set)
     nodes_of: dict[JobKey, frozenset[str]] = field(default_factory=dict)
     _resyncing: bool = False
-    _next_resync: float = field(default_factory=lambda: time.monotonic() + 30.0)  # after start-up
+    _next_resync: float = field(default_factory=lambda: time.monotonic() + STARTUP_SECONDS)
+    _started: float = field(default_factory=time.monotonic)
 
     def wake(self, key: JobKey) -> None:
         event = self.wakers.get(key)
@@ -80,8 +84,17 @@ class Operator:
             self.wants_capacity.discard(key)
         self.nodes_of[key] = nodes
 
-    async def resync_if_due(self, pods: kopf.Index[str, Any]) -> None:
-        """Every `resync_seconds`, one job's loop compares the pod index with LISTs (Ghosts)."""
+    def relisted(self) -> None:
+        """A watch LISTed again after start-up (its stream broke with "410 Gone", or a paused
+        standby resumed): kopf adds what the LIST shows and removes nothing, so a pod or node
+        deleted while the watch was away stays in the index. Resync soon, not at the interval."""
+        now = time.monotonic()
+        if self.settings.resync_seconds and now - self._started > STARTUP_SECONDS:
+            self._next_resync = min(self._next_resync, now + RELIST_SETTLE_SECONDS)
+
+    async def resync_if_due(self, pods: kopf.Index[str, Any], nodes: kopf.Index[str, Any] | None = None) -> None:
+        """Every `resync_seconds` (and soon after a re-list), one job's loop compares the pod and
+        node indexes with metadata-only LISTs (Ghosts)."""
         every = self.settings.resync_seconds
         if not every or self._resyncing or time.monotonic() < self._next_resync:
             return
@@ -90,8 +103,11 @@ class Operator:
             found = await asyncio.to_thread(
                 self.ghosts.resync, index_values(pods),
                 lambda cached: self.kube.pod_uids(self.settings.namespaces, cached=cached))
+            gone = [] if nodes is None else await asyncio.to_thread(
+                self.node_ghosts.resync, index_values(nodes),
+                lambda cached: self.kube.metadata_list("nodes", None, cached=cached))
         except Exception as exc:  # the API server is unwell: the next interval tries again
-            log.warning("pod resync failed: %s", exc)
+            log.warning("resync failed: %s", exc)
             return
         finally:
             self._resyncing, self._next_resync = False, time.monotonic() + every
@@ -100,6 +116,21 @@ class Operator:
             log.warning("the watch cache shows %d pod(s) two LISTs do not (deletions the watch "
                         "missed): leaving them out from now on: %s", len(found), ", ".join(names[:10]))
             self.ghosts_found(len(found), {k for k in map(job_of, found) if k is not None})
+        if gone:
+            self.nodes_gone(gone)
+
+    def nodes_gone(self, gone: list[Mapping[str, Any]]) -> None:
+        """Ghost nodes: out of the fleet (no plan pins a pod to them), out of every pass's node
+        views (a pod on one or planned for one is NodeLost); the jobs they affect look again."""
+        names = sorted(str(n["metadata"].get("name")) for n in gone)
+        log.warning("the watch cache shows %d node(s) two LISTs do not (deletions the watch "
+                    "missed): leaving them out from now on: %s", len(gone), ", ".join(names[:10]))
+        METRICS.ghost_nodes.inc(len(gone))
+        for node in gone:
+            if self.fleet is not None:
+                self.fleet.node_gone(str(node["metadata"].get("name")), str(node["metadata"].get("uid")))
+        for name in names:
+            self.wake_for_node(name)
 
     def ghosts_found(self, count: int, jobs: Iterable[JobKey]) -> None:
         """Ghost pods left the snapshot: count them; their jobs and those waiting for capacity

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,7 +183,8 @@ SECOND_LOOK_SECONDS = 5.0  # Ghosts.resync: between the cached LIST and the cons
 
 @dataclass
 class Ghosts:
-    """Pods the watch cache still shows that the API server said are gone.
+    """Pods (or, in the operator's second one, nodes) the watch cache still shows that the API
+    server said are gone.
 
     kopf's index keeps every object it has not seen a DELETED event for. When a watch restarts
     with a fresh LIST (the API server restarted, "410 Gone"), a pod deleted meanwhile never gets
@@ -192,6 +193,8 @@ class Ghosts:
     with 404 proves the pod of that name is gone; the uids the snapshot showed under that name are
     then left out of every later snapshot. A ghost no call of ours touches (another job's, a
     deleted job's) is found by the periodic `resync`. Only uids still in the index are kept.
+    Nodes have only the `resync` (process.py: a node deleted while the watch was away stayed
+    Ready with every GPU free in the fleet, and gangs were pinned to it).
     """
 
     uids: set[str] = field(default_factory=set)
@@ -207,7 +210,7 @@ class Ghosts:
             self.uids.update(new)
         return new
 
-    def resync(self, indexed: Iterable[Mapping[str, Any]], list_uids: Callable[[bool], set[str]],
+    def resync(self, indexed: Iterable[Mapping[str, Any]], list_uids: Callable[[bool], Collection[str]],
                second_look: float | None = None) -> list[Mapping[str, Any]]:
         """Find the ghosts no call of ours met: pods the index shows that two LISTs do not.
 
@@ -217,11 +220,11 @@ class Ghosts:
         entries = {str(p["metadata"]["uid"]): p for p in indexed if p["metadata"].get("uid")}
         with self._mutex:
             self.uids &= set(entries)  # ghosts the index dropped since (passes look at one job)
-        suspects = set(entries) - self.uids - list_uids(True)
+        suspects = set(entries) - self.uids - set(list_uids(True))
         if not suspects:
             return []
         time.sleep(SECOND_LOOK_SECONDS if second_look is None else second_look)
-        gone = suspects - list_uids(False)
+        gone = suspects - set(list_uids(False))
         with self._mutex:
             self.uids.update(gone)
         return [entries[u] for u in sorted(gone)]
