@@ -4,6 +4,9 @@ under Kueue, whose own gates the release removes too."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -86,3 +89,56 @@ def test_a_released_gang_is_not_released_again_while_the_watch_catches_up(monkey
     monkeypatch.setattr(act, "RELEASED_MEMORY", 0.0)  # long after: still gated, so released
     actuator.apply(("team", "llm"), body, spec(2), again)
     assert kube.released == ["llm-0-0", "llm-0-1"] * 2
+
+
+class SlowKube(RecordingKube):
+    """The unit-test boundary: the API server takes its time creating the pods (until `go`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.creating, self.go = threading.Event(), threading.Event()
+
+    def create_pods(self, manifests: list[dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
+        self.creating.set()
+        assert self.go.wait(10)
+        return super().create_pods(manifests)
+
+
+def test_a_loop_cancelled_while_its_pods_are_created_keeps_their_holds_until_the_creates_end() -> None:
+    """A job's loop cancelled (its job deleted, the operator stopping) while its API thread still
+    creates a gang: the GPUs those pods take stay held in the ledger (another job's plan must not
+    take them) until the creates have returned, and the created pods' holds stay until the watch
+    shows them; a loop that ends with nothing in flight forgets its entries at once."""
+    kube, ledger = SlowKube(), Ledger()
+    actuator = Actuator(kube=kube, settings=Settings(), ledger=ledger)  # type: ignore[arg-type]
+    launch = Launch(attempt=0, data=2, pool="H100-80GB", assignments={0: "n0", 1: "n1"},
+                    resume_step=None, mode="initial")
+    body = {"metadata": {"name": "llm", "namespace": "team", "uid": "u"}}
+    decision = Decision(status=TrainingJobStatus(), launch=launch)
+    actuator.reserve(("team", "llm"), body, spec(2), decision)  # under the plan lock
+
+    def held() -> set[str]:
+        return {slim["metadata"]["name"] for _, slim in ledger.unseen(lambda *_: False)}
+
+    async def cancelled_mid_create() -> None:
+        task = asyncio.create_task(actuator.apply_in_thread(("team", "llm"), body, spec(2), decision))
+        await asyncio.to_thread(kube.creating.wait, 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        actuator.job_ended("team", "u")  # the loop's end (JobLoop.run)
+        assert held() == {"llm-0-0", "llm-0-1"}, "the GPUs being taken are still held"
+        kube.go.set()
+        for _ in range(200):
+            if len(kube.released) == 2:
+                break
+            await asyncio.sleep(0.01)
+
+    asyncio.run(cancelled_mid_create())
+    assert [m["metadata"]["name"] for m in kube.created] == ["llm-0-0", "llm-0-1"]
+    time.sleep(0.1)  # (the worker thread's last lines after the release)
+    assert held() == {"llm-0-0", "llm-0-1"}, "created pods hold their GPUs until the watch shows them"
+
+    idle = Actuator(kube=RecordingKube(), settings=Settings(), ledger=ledger)  # type: ignore[arg-type]
+    idle.job_ended("team", "u")
+    assert held() == set(), "nothing in flight: the ended job's entries are forgotten at once"

@@ -11,7 +11,9 @@ is refused, and neither is deleted.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -57,6 +59,42 @@ class Actuator:
         # the job runs under Kueue (its pods may carry Kueue's own gates: every pod is released)
         self.queued = False
         self._released: dict[str, float] = {}  # pod name -> when this process released it
+        self._acting = 0  # applies in flight (apply_in_thread)
+        self._ended: tuple[str, str] | None = None  # (namespace, uid) of a loop that ended meanwhile
+        self._created: frozenset[str] = frozenset()  # the pods the apply in flight has created
+        self._mutex = threading.Lock()
+
+    async def apply_in_thread(self, key: JobKey, body: Mapping[str, Any], spec: TrainingJobSpec,
+                              decision: Decision) -> dict[str, str]:
+        """`apply` in a worker thread, carried to its end even when the caller is cancelled (the
+        job's loop stopping while a gang's pods are created: they take their GPUs all the same,
+        and `job_ended` keeps their holds in the ledger until the creates have returned)."""
+        with self._mutex:
+            self._acting += 1
+        done = asyncio.get_running_loop().run_in_executor(None, self._apply_counted, key, body, spec, decision)
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())  # a cancelled caller's, read
+        return await asyncio.shield(done)
+
+    def _apply_counted(self, key: JobKey, body: Mapping[str, Any], spec: TrainingJobSpec,
+                       decision: Decision) -> dict[str, str]:
+        try:
+            return self.apply(key, body, spec, decision)
+        finally:
+            with self._mutex:
+                self._acting -= 1
+                ended = self._ended if not self._acting else None
+            if ended is not None:
+                self.ledger.forget_owned(*ended, keep=self._created)
+
+    def job_ended(self, namespace: str, uid: str) -> None:
+        """The job's loop ended (the job was deleted, the operator stops): its pods the watch has
+        not shown hold no GPUs any more, except those an apply still in flight creates: those
+        exist (or are about to), and keep their holds until the watch shows them."""
+        with self._mutex:
+            if self._acting:
+                self._ended = (namespace, uid)
+                return
+        self.ledger.forget_owned(namespace, uid)
 
     def apply(
         self, key: JobKey, body: Mapping[str, Any], spec: TrainingJobSpec, decision: Decision,
@@ -64,7 +102,7 @@ class Actuator:
         """Carry out `decision`; returns the pods the API server refused (name -> its message)."""
         namespace = key[0]
         refused: dict[str, str] = {}
-        self.problem, self.gone = None, []
+        self.problem, self.gone, self._created = None, [], frozenset()
         if decision.delete:
             self.gone += self.kube.delete_pods(namespace, decision.delete, self.settings.pod_grace_seconds)
             for name in decision.delete:
@@ -152,6 +190,7 @@ class Actuator:
         for manifest in manifests:
             self.ledger.record(key, manifest)
         created, refused = self.kube.create_pods(manifests)
+        self._created = frozenset(created)
         # (an in-place restart's other indices are kept pods of earlier attempts: never touched here)
         every = [pod_name(job.name, launch.attempt, i)
                  for i in sorted(launch.only if launch.in_place else launch.assignments)]

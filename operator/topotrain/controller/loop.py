@@ -83,7 +83,7 @@ class JobLoop:
                 await asyncio.sleep(COALESCE_SECONDS)
         finally:
             self.op.forget(self.key, event)
-            self.op.ledger.forget_owned(self.key[0], self.uid)
+            self.actuator.job_ended(self.key[0], self.uid)
             METRICS.job_phase(*self.key, None)
 
     async def pass_once(self, pods: kopf.Index[str, Any], nodes: kopf.Index[str, Any],
@@ -184,7 +184,7 @@ class JobLoop:
         """Carry the decision out; keep the API server's answer to its pod creates for the next
         pass (`refusal`, `accepted`), and post the pass's Events."""
         self.actuator.tas_hosts = frozenset(view.hosts or ()) if view is not None else frozenset()
-        refused = await asyncio.to_thread(self.actuator.apply, self.key, self.body, spec, decision)
+        refused = await self.actuator.apply_in_thread(self.key, self.body, spec, decision)
         if self.actuator.gone and (ghosts := self.op.ghosts.mark(look.pods, self.key[0], self.actuator.gone)):
             # Mostly a deletion the watch has not delivered yet; sometimes one it never will.
             log.info("%s/%s: the API server has no pod %s though the watch cache shows it: "

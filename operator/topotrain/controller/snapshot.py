@@ -143,15 +143,16 @@ class Ledger:
         with self._mutex:
             self.entries.pop((namespace, name), None)
 
-    def forget_owned(self, namespace: str, uid: str) -> None:
+    def forget_owned(self, namespace: str, uid: str, keep: Collection[str] = ()) -> None:
         """The job with `uid` is gone: its pods the watch never showed hold no GPUs and no names
         (a pod created and deleted between two passes is never seen by `unseen`, and would
-        otherwise stand in a namesake's way, and hold its GPUs, for LEDGER_TTL)."""
+        otherwise stand in a namesake's way, and hold its GPUs, for LEDGER_TTL). `keep`: names
+        of pods just created, which do hold their GPUs until the watch shows them."""
         if not uid:
             return
         with self._mutex:
             for key in [k for k, (_, slim, _) in self.entries.items()
-                        if k[0] == namespace and _owner_uid(slim) == uid]:
+                        if k[0] == namespace and _owner_uid(slim) == uid and k[1] not in keep]:
                 del self.entries[key]
 
     def deleted(self, pod: Mapping[str, Any]) -> None:
