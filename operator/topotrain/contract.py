@@ -63,6 +63,17 @@ SHM_DIR = "/dev/shm"
 EXIT_STOPPED = 75
 
 DEFAULT_MASTER_PORT = 29500
+# The rendezvous is scoped to the attempt: rank 0 serves the store at MASTER_ADDR:MASTER_PORT and
+# writes its TOPOTRAIN_ATTEMPT under RENDEZVOUS_ATTEMPT_KEY; every other rank reads it first and
+# refuses a store of another attempt (a lagging rank of attempt N never joins attempt N+1), then
+# keeps its process group's keys under `rendezvous_prefix(attempt)`.
+RENDEZVOUS_ATTEMPT_KEY = "topotrain/attempt"
+
+
+def rendezvous_prefix(attempt: int) -> str:
+    return f"topotrain/attempt-{attempt}/"
+
+
 # The bundled trainer's Prometheus port (local rank 0 of each pod; spec.training.metricsPort, 0 off).
 DEFAULT_METRICS_PORT = 9400
 RANK_ORDERS = ("tp-pp-dp", "tp-dp-pp")

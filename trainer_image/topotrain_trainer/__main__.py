@@ -9,7 +9,8 @@ dataset.
 
 Exit codes: 0 when `steps` are done; 78 (EX_CONFIG) for a configuration or
 contract error, which retrying cannot fix; a rank exits 76 (EXIT_PEER_LOST)
-when a collective lost a peer (its own pod is healthy); anything else is a
+when a collective lost a peer (its own pod is healthy), or when the rendezvous it
+reached serves a newer attempt (it lags behind a restart); anything else is a
 failure worth a restart.
 """
 
@@ -112,10 +113,14 @@ def peer_lost(err: BaseException) -> bool:
 
 
 def train_rank(env: TrainerEnv, config: TrainingConfig) -> int:
+    from topotrain_trainer.parallel import StaleAttempt
     from topotrain_trainer.train import train
 
     try:
         train(env, config)
+    except StaleAttempt as err:  # a rank of an older attempt: nothing is wrong with its pod
+        print(json.dumps({"event": "stale_attempt", "error": str(err)}), flush=True)
+        return EXIT_PEER_LOST
     except Exception as err:
         if not peer_lost(err):
             raise

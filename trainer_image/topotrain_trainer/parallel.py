@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from topotrain.contract import ATTEMPT, RENDEZVOUS_ATTEMPT_KEY, rendezvous_prefix
 from torch import nn
+from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
@@ -62,8 +66,47 @@ class Mesh:
         return {"tensor": self.tensor, "pipeline": self.pipeline, "data": self.data}
 
 
-def init_distributed() -> torch.device:
-    """Join the job's process group: cuda+nccl when GPUs exist, cpu+gloo otherwise."""
+RENDEZVOUS_TIMEOUT = timedelta(minutes=30)  # as torch's env:// rendezvous waits for its peers
+
+
+class StaleAttempt(RuntimeError):
+    """This rank's attempt is older than the one the rendezvous serves: it must not join."""
+
+
+def attempt_store(attempt: int, *, rank: int, world_size: int, addr: str, port: int,
+                  timeout: timedelta = RENDEZVOUS_TIMEOUT) -> Store:
+    """torch's TCPStore on rank 0 at addr:port (as env:// makes it), scoped to `attempt`
+    (contract.RENDEZVOUS_ATTEMPT_KEY): rank 0 writes its attempt; another rank reads it and
+    raises StaleAttempt when the store serves a newer attempt (this rank lags behind a restart),
+    or, while it serves an older one (its rank 0 is still stopping), connects again until
+    `timeout`. The process group's keys live under the attempt's prefix."""
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        left = timedelta(seconds=max(1.0, deadline - time.monotonic()))
+        store = TCPStore(addr, port, world_size, is_master=rank == 0, timeout=left,
+                              wait_for_workers=False)  # fmt: skip
+        if rank == 0:
+            store.set(RENDEZVOUS_ATTEMPT_KEY, str(attempt))
+            break
+        served = int(store.get(RENDEZVOUS_ATTEMPT_KEY))
+        if served == attempt:
+            break
+        if served > attempt:
+            raise StaleAttempt(
+                f"rank {rank} of attempt {attempt} ({ATTEMPT}): the rendezvous at {addr}:{port} "
+                f"serves attempt {served}; this rank belongs to an older attempt and does not join")
+        del store
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank} of attempt {attempt}: the rendezvous at {addr}:{port} "
+                               f"still serves the older attempt {served}")
+        time.sleep(1.0)
+    return PrefixStore(rendezvous_prefix(attempt), store)
+
+
+def init_distributed(attempt: int | None = None) -> torch.device:
+    """Join the job's process group: cuda+nccl when GPUs exist, cpu+gloo otherwise. With
+    `attempt` (TOPOTRAIN_ATTEMPT), through `attempt_store` from MASTER_ADDR, MASTER_PORT, RANK
+    and WORLD_SIZE; without it, torch's env:// rendezvous."""
     if torch.cuda.is_available():
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local_rank)
@@ -72,8 +115,15 @@ def init_distributed() -> torch.device:
     else:
         device = torch.device("cpu")
         backend = "gloo"
-    if not dist.is_initialized():
+    if dist.is_initialized():
+        return device
+    if attempt is None:
         dist.init_process_group(backend=backend)
+        return device
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = attempt_store(attempt, rank=rank, world_size=world_size,
+                          addr=os.environ["MASTER_ADDR"], port=int(os.environ["MASTER_PORT"]))
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size)
     return device
 
 

@@ -166,7 +166,7 @@ class Job:
 
     @classmethod
     def setup(cls, env: TrainerEnv, config: TrainingConfig) -> Job:
-        device = init_distributed()
+        device = init_distributed(env.attempt)
         mesh = build_mesh(device, env.tensor, env.pipeline, env.data, env.rank_order)
         job = cls(env, config, mesh)
         if env.resume_step is not None:
