@@ -276,12 +276,18 @@ def test_helm_installs_and_uninstalls_a_chart(kube: Kube, namespace: str) -> Non
     ).items
 
 
-def test_the_operators_pod_resync_lists_every_pod_page_by_page(kube: Kube, namespace: str) -> None:
-    """topotrain.controller.kube.Kube.pod_uids (the ghost resync's LISTs) against the real API server:
-    every pod of the namespace, from the watch cache and from a consistent read, across pages."""
+def test_the_operators_resync_lists_metadata_only_page_by_page_and_finds_a_missed_deletion(
+        kube: Kube, namespace: str) -> None:
+    """topotrain.controller.kube.Kube.metadata_list (the ghost resyncs' LISTs) against the real API
+    server: every pod of the namespace and every node, from the watch cache and from a consistent
+    read, across pages, as PartialObjectMetadataList (a fraction of the bytes of a full LIST); and
+    the resync (snapshot.Ghosts) on those LISTs finds a pod deleted while the watch was away."""
+    from topotrain.controller.kube import METADATA_LIST
     from topotrain.controller.kube import Kube as OperatorKube
+    from topotrain.controller.snapshot import Ghosts
 
-    made = {kube.core.create_namespaced_pod(namespace, gpu_pod(f"p{i}", 1)).metadata.uid for i in range(5)}
+    pods = [kube.core.create_namespaced_pod(namespace, gpu_pod(f"p{i}", 1)) for i in range(5)]
+    made = {p.metadata.uid for p in pods}
     ops = OperatorKube(kube.api)
     assert ops.pod_uids((namespace,), cached=False, page=2) == made
     deadline = time.monotonic() + 10  # the watch cache may trail the write by a moment
@@ -289,3 +295,23 @@ def test_the_operators_pod_resync_lists_every_pod_page_by_page(kube: Kube, names
         time.sleep(0.2)
     assert ops.pod_uids((namespace,), cached=True, page=2) == made
     assert made <= ops.pod_uids((), cached=False, page=100)  # cluster-wide
+    nodes = {n.metadata.uid: n.metadata.name for n in kube.core.list_node().items}
+    assert ops.metadata_list("nodes", None, cached=False, page=2) == nodes
+
+    def raw(accept: str | None) -> bytes:
+        headers = {"Accept": accept} if accept else None
+        resp = kube.core.list_namespaced_pod(namespace, _preload_content=False, _headers=headers)
+        return bytes(resp.data)
+
+    slim, full = raw(METADATA_LIST), raw(None)
+    items = json.loads(slim)["items"]
+    assert {i["metadata"]["uid"] for i in items} == made and not any("spec" in i for i in items)
+    assert len(slim) * 2 < len(full), (len(slim), len(full))
+
+    # The index (the watch cache) still shows p0, which the API server deleted meanwhile.
+    index = [{"metadata": {"uid": p.metadata.uid, "name": p.metadata.name, "namespace": namespace}}
+             for p in pods]  # fmt: skip
+    kube.core.delete_namespaced_pod("p0", namespace, grace_period_seconds=0)
+    eventually(lambda: pods[0].metadata.uid not in ops.pod_uids((namespace,), cached=False), "p0 gone")
+    found = Ghosts().resync(index, lambda cached: ops.pod_uids((namespace,), cached=cached), second_look=1)
+    assert [g["metadata"]["name"] for g in found] == ["p0"]

@@ -19,7 +19,13 @@ from topotrain.api.spec import FailurePolicy
 from topotrain.api.status import Reason
 from topotrain.controller import process, snapshot
 from topotrain.controller.fleet import Fleet
-from topotrain.controller.indexes import IndexedNodes, node_entries, pod_entries, slim_node, slim_pod
+from topotrain.controller.indexes import (
+    IndexedNodes,
+    node_entries,
+    pod_entries,
+    slim_node,
+    slim_pod,
+)
 from topotrain.controller.loop import WatchLook
 from topotrain.controller.process import Operator
 from topotrain.controller.settings import Settings

@@ -89,8 +89,10 @@ class Operator:
         standby resumed): kopf adds what the LIST shows and removes nothing, so a pod or node
         deleted while the watch was away stays in the index. Resync soon, not at the interval."""
         now = time.monotonic()
-        if self.settings.resync_seconds and now - self._started > STARTUP_SECONDS:
-            self._next_resync = min(self._next_resync, now + RELIST_SETTLE_SECONDS)
+        if self.settings.resync_seconds and now - self._started > STARTUP_SECONDS \
+                and self._next_resync > now + RELIST_SETTLE_SECONDS:
+            log.info("a watch LISTed again: resyncing pods and nodes in %.0fs", RELIST_SETTLE_SECONDS)
+            self._next_resync = now + RELIST_SETTLE_SECONDS
 
     async def resync_if_due(self, pods: kopf.Index[str, Any], nodes: kopf.Index[str, Any] | None = None) -> None:
         """Every `resync_seconds` (and soon after a re-list), one job's loop compares the pod and
