@@ -106,7 +106,8 @@ def attempt_store(attempt: int, *, rank: int, world_size: int, addr: str, port: 
 def init_distributed(attempt: int | None = None) -> torch.device:
     """Join the job's process group: cuda+nccl when GPUs exist, cpu+gloo otherwise. With
     `attempt` (TOPOTRAIN_ATTEMPT), through `attempt_store` from MASTER_ADDR, MASTER_PORT, RANK
-    and WORLD_SIZE; without it, torch's env:// rendezvous."""
+    and WORLD_SIZE; without it, or under torchrun (whose agent serves the store on MASTER_PORT,
+    scoped to its own run), torch's env:// rendezvous."""
     if torch.cuda.is_available():
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local_rank)
@@ -117,7 +118,7 @@ def init_distributed(attempt: int | None = None) -> torch.device:
         backend = "gloo"
     if dist.is_initialized():
         return device
-    if attempt is None:
+    if attempt is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
         dist.init_process_group(backend=backend)
         return device
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -41,7 +41,7 @@ class Settings:
     | master_port | TOPOTRAIN_MASTER_PORT | 29500 |
     | reconcile_interval | TOPOTRAIN_RECONCILE_INTERVAL seconds (idle re-check) | 10 |
     | checkpoint_poll | TOPOTRAIN_CHECKPOINT_POLL seconds (S3 re-read while Running) | 10 |
-    | resync_seconds | TOPOTRAIN_RESYNC_SECONDS (a LIST of pods against the watch cache; 0 disables) | 120 |
+    | resync_seconds | TOPOTRAIN_RESYNC_SECONDS (LISTs of pods and nodes against the watch cache; 0 disables) | 120 |
     | recovery | TOPOTRAIN_RECOVERY: incremental or recreate | incremental |
     | pod_grace_seconds | TOPOTRAIN_POD_GRACE_SECONDS (deleting a gang) | 30 |
     | network_policy | TOPOTRAIN_NETWORK_POLICY (true: a NetworkPolicy per job) | false |
