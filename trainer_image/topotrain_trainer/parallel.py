@@ -80,27 +80,30 @@ def attempt_store(attempt: int, *, rank: int, world_size: int, addr: str, port: 
     raises StaleAttempt when the store serves a newer attempt (this rank lags behind a restart),
     or, while it serves an older one (its rank 0 is still stopping), connects again until
     `timeout`. The process group's keys live under the attempt's prefix."""
+    if rank == 0:
+        served = TCPStore(addr, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+        served.set(RENDEZVOUS_ATTEMPT_KEY, str(attempt))
+        return PrefixStore(rendezvous_prefix(attempt), served)
     deadline = time.monotonic() + timeout.total_seconds()
     while True:
         left = timedelta(seconds=max(1.0, deadline - time.monotonic()))
-        store = TCPStore(addr, port, world_size, is_master=rank == 0, timeout=left,
-                              wait_for_workers=False)  # fmt: skip
-        if rank == 0:
-            store.set(RENDEZVOUS_ATTEMPT_KEY, str(attempt))
-            break
-        served = int(store.get(RENDEZVOUS_ATTEMPT_KEY))
-        if served == attempt:
-            break
-        if served > attempt:
+        found: int | None = None
+        try:
+            store = TCPStore(addr, port, world_size, is_master=False, timeout=left, wait_for_workers=False)
+            found = int(store.get(RENDEZVOUS_ATTEMPT_KEY))
+        except (dist.DistNetworkError, dist.DistStoreError):  # the old rank 0 stopped meanwhile
+            if time.monotonic() > deadline:
+                raise
+        if found == attempt:
+            return PrefixStore(rendezvous_prefix(attempt), store)
+        if found is not None and found > attempt:
             raise StaleAttempt(
                 f"rank {rank} of attempt {attempt} ({ATTEMPT}): the rendezvous at {addr}:{port} "
-                f"serves attempt {served}; this rank belongs to an older attempt and does not join")
-        del store
+                f"serves attempt {found}; this rank belongs to an older attempt and does not join")
         if time.monotonic() > deadline:
             raise TimeoutError(f"rank {rank} of attempt {attempt}: the rendezvous at {addr}:{port} "
-                               f"still serves the older attempt {served}")
+                               f"still serves the older attempt {found}")
         time.sleep(1.0)
-    return PrefixStore(rendezvous_prefix(attempt), store)
 
 
 def init_distributed(attempt: int | None = None) -> torch.device:

@@ -102,12 +102,12 @@ class Operator:
             return
         self._resyncing = True
         try:
-            found = await asyncio.to_thread(
+            found, gone = await asyncio.gather(asyncio.to_thread(
                 self.ghosts.resync, index_values(pods),
-                lambda cached: self.kube.pod_uids(self.settings.namespaces, cached=cached))
-            gone = [] if nodes is None else await asyncio.to_thread(
-                self.node_ghosts.resync, index_values(nodes),
-                lambda cached: self.kube.metadata_list("nodes", None, cached=cached))
+                lambda cached: self.kube.pod_uids(self.settings.namespaces, cached=cached),
+            ), asyncio.to_thread(
+                self.node_ghosts.resync, [] if nodes is None else index_values(nodes),
+                lambda cached: self.kube.metadata_list("nodes", None, cached=cached)))
         except Exception as exc:  # the API server is unwell: the next interval tries again
             log.warning("resync failed: %s", exc)
             return

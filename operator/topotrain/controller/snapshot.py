@@ -221,6 +221,8 @@ class Ghosts:
         entries = {str(p["metadata"]["uid"]): p for p in indexed if p["metadata"].get("uid")}
         with self._mutex:
             self.uids &= set(entries)  # ghosts the index dropped since (passes look at one job)
+        if not entries:
+            return []
         suspects = set(entries) - self.uids - set(list_uids(True))
         if not suspects:
             return []
