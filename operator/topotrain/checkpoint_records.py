@@ -9,6 +9,7 @@ operator import them from there.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -69,6 +70,15 @@ class CommittedCheckpoint:
     # The last checkpoint request (annotation value) the trainer had served when it saved this
     # step: served by this step's save or an earlier one, so this checkpoint is at or after it.
     request: str = ""
+    saved_by: int | None = None  # the attempt whose trainer saved it (None: not recorded)
+
+    @property
+    def attempt(self) -> int | None:
+        """The attempt that saved this step: recorded in COMMITTED, else read off `shards`."""
+        if self.saved_by is not None:
+            return self.saved_by
+        match = re.match(r"^attempt-(\d+)-", self.shards)
+        return int(match.group(1)) if match else None
 
 
 @dataclass(frozen=True)

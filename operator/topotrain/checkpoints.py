@@ -1,7 +1,8 @@
 """The checkpoint layout in S3, shared by the trainer (writes) and the operator (reads).
 
     <uri>/<namespace>/<name>/step-0000000042/attempt-3-9f2c41d0/  DCP shard files + .metadata
-    <uri>/<namespace>/<name>/step-0000000042/COMMITTED  JSON {step, mesh, bytes, time, shards, request?}, last
+    <uri>/<namespace>/<name>/step-0000000042/COMMITTED  JSON {step, mesh, bytes, time, shards, request?,
+                                                     attempt?}, written last
     <uri>/<namespace>/<name>/progress.json           JSON {step, time, attempt, start?, checkpointRequest?}
     <uri>/<namespace>/<name>/owner.json              JSON {uid, created}: whose run this is
     <uri>/<namespace>/<name>/failure.json            JSON {attempt, nodeRank, exitCode, time, pod}: a
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,31 +57,17 @@ if TYPE_CHECKING:
 # The layout's paths and records are this module's names too: the trainer and the operator
 # import them from here.
 __all__ = [
-    "COMMITTED",
-    "FAILURE",
-    "OWNER",
-    "PROGRESS",
-    "STEP_PREFIX",
-    "AttemptStart",
-    "CheckpointError",
-    "CheckpointStore",
-    "CommittedCheckpoint",
-    "PrefixOwner",
-    "Progress",
-    "ServedRequest",
-    "WorkerFailure",
-    "attempt_dir",
-    "job_prefix",
-    "operator_store",
-    "split_uri",
-    "step_dir",
-]
+    "COMMITTED", "FAILURE", "OWNER", "PROGRESS", "STEP_PREFIX", "AttemptStart", "CheckpointError",
+    "CheckpointStore", "CommittedCheckpoint", "PrefixOwner", "Progress", "ServedRequest",
+    "WorkerFailure", "attempt_dir", "job_prefix", "operator_store", "split_uri", "step_dir",
+]  # fmt: skip
 
 COMMITTED = "COMMITTED"
 PROGRESS = "progress.json"
 OWNER = "owner.json"  # the TrainingJob (by UID) whose checkpoints these are; the operator writes it
 FAILURE = "failure.json"  # a supervisor's report of its own rank's failure (it waits for a restart)
 _STEP_RE = re.compile(r"^step-(\d{10})$")
+SCAN_PAGES, SCAN_READS = 20, 32  # the operator's bounds on one scan of a (user's) bucket
 
 
 class CheckpointError(RuntimeError):
@@ -139,11 +126,14 @@ class CheckpointStore:
                 return
             token = page.get("NextContinuationToken")
 
-    def step_dirs(self) -> list[int]:
-        """Every step directory present, committed or not, ascending."""
+    def step_dirs(self, pages: int = 0) -> list[int]:
+        """Every step directory present, committed or not, ascending (from at most `pages` pages
+        of listing, 0: all; more is a CheckpointError)."""
         root = self._key("") + "/" if self.key_prefix else ""
         steps: list[int] = []
-        for page in self._list(root, delimiter="/"):
+        for count, page in enumerate(self._list(root, delimiter="/")):
+            if pages and count >= pages:
+                raise CheckpointError(f"{self.uri}: over {pages} pages of step directories; not read")
             for common in page.get("CommonPrefixes", []):
                 name = str(common["Prefix"])[len(root) :].rstrip("/")
                 match = _STEP_RE.match(name)
@@ -178,9 +168,7 @@ class CheckpointStore:
 
     def _write_json(self, key: str, document: Mapping[str, Any]) -> None:
         body = json.dumps(document, sort_keys=True).encode()
-        self.client.put_object(
-            Bucket=self.bucket, Key=key, Body=body, ContentType="application/json"
-        )
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="application/json")
 
     def read_commit(self, step: int) -> CommittedCheckpoint | None:
         """The COMMITTED marker of `step`, or None while the checkpoint is partial."""
@@ -196,6 +184,7 @@ class CheckpointStore:
                 bytes=int(doc.get("bytes", 0)),
                 shards=str(doc.get("shards", "")),
                 request=str(doc.get("request", "")),
+                saved_by=None if doc.get("attempt") is None else int(doc["attempt"]),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise CheckpointError(f"{self.step_uri(step)}/{COMMITTED} is malformed: {err}") from err
@@ -207,27 +196,42 @@ class CheckpointStore:
 
     def latest_committed(self) -> CommittedCheckpoint | None:
         """The highest step with a COMMITTED marker; partial checkpoints never count."""
-        for step in reversed(self.step_dirs()):
+        return self.newest_resumable(reads=0, pages=0)[0]
+
+    def newest_resumable(
+        self, admits: Callable[[CommittedCheckpoint], bool] | None = None,
+        reads: int = SCAN_READS, pages: int = SCAN_PAGES,
+    ) -> tuple[CommittedCheckpoint | None, CommittedCheckpoint | None]:
+        """(the highest commit `admits` accepts, the highest one it refused above that), reading
+        at most `pages` pages of listing and `reads` COMMITTED markers (0: no bound; beyond them a
+        CheckpointError): the operator's cost is not left to the contents of a user's bucket."""
+        steps, skipped = self.step_dirs(pages), None
+        for count, step in enumerate(reversed(steps)):
+            if reads and count >= reads:
+                raise CheckpointError(f"{self.uri}: no usable COMMITTED among the newest {reads} "
+                                      f"step directories (of {len(steps)}); not read further")
             commit = self.read_commit(step)
-            if commit is not None:
-                return commit
-        return None
+            if commit is not None and (admits is None or admits(commit)):
+                return commit, skipped
+            skipped = skipped or commit
+        return None, skipped
 
     def write_commit(
         self, step: int, mesh: Mapping[str, int], bytes: int, time: datetime | None = None,
-        *, shards: str = "", request: str = "",
+        *, shards: str = "", request: str = "", attempt: int | None = None,
     ) -> CommittedCheckpoint:
         """Mark `step` complete with the shards in `shards`. Call only after every one of
-        them is uploaded. `request`: the checkpoint request this save served."""
+        them is uploaded. `request`: the checkpoint request this save served; `attempt`: whose."""
         moment = time or utc_now()
         doc: dict[str, Any] = {"step": step, "mesh": dict(mesh), "bytes": bytes, "time": format_time(moment)}
         if shards:
             doc["shards"] = shards
         if request:
             doc["request"] = request
+        doc.update({} if attempt is None else {"attempt": attempt})
         self._write_json(f"{self.step_key(step)}/{COMMITTED}", doc)
         return CommittedCheckpoint(step, self.step_uri(step), moment, dict(mesh), bytes, shards,
-                                   request)
+                                   request, attempt)
 
     # --- progress heartbeat -------------------------------------------------
 

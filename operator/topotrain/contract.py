@@ -41,6 +41,11 @@ CONTROL_DIR_ENV = "TOPOTRAIN_CONTROL_DIR"  # overrides CONTROL_DIR (tests, local
 CONTROL_FILE = "annotations"
 # Any new value asks every rank for a checkpoint at the next step boundary (training goes on).
 CHECKPOINT_REQUEST = "topotrain.io/checkpoint-request"
+# A request that ends with PLANNED_STOP_MARK is a planned stop's (planned_stop_request): the gang
+# is stopped (SIGTERM) once its save commits, so a trainer that serves it trains no further step of
+# the attempt it names, waiting for that SIGTERM (docs/trainer.md, "Stopping and checkpoint
+# requests"); the operator clears the annotation when the change is called off.
+PLANNED_STOP_MARK = "+stop"
 # A test aid (the bundled trainer's training.holdAtStep, docs/trainer.md): any value releases
 # a trainer held at that step. Tests annotate the pods; the operator never sets it.
 HOLD_RELEASE = "topotrain.io/hold-release"
@@ -273,3 +278,19 @@ def with_control(env: TrainerEnv, control: Mapping[str, str]) -> TrainerEnv:
         env, attempt=attempt, resume_step=resume, master_port=port,
         master_addr=control.get(MASTER_ADDR_ANNOTATION) or env.master_addr,
     )
+
+
+def planned_stop_request(reason: str, attempt: int, when: str) -> str:
+    """The checkpoint-request value of a planned change (`reason`: rollout, resize, drain, evict,
+    suspend) asked of `attempt` at `when`: unique per request, and marked as a planned stop."""
+    return f"{reason}-{attempt}-{when}{PLANNED_STOP_MARK}"
+
+
+def planned_stop_attempt(value: str) -> int | None:
+    """The attempt a planned stop's request value names; None for any other value."""
+    if not value.endswith(PLANNED_STOP_MARK):
+        return None
+    parts = value.split("-", 2)
+    if len(parts) < 3 or not parts[1].isdigit():
+        return None
+    return int(parts[1])

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from topotrain.contract import (
     HOLD_RELEASE,
     RESUME_STEP_ANNOTATION,
     format_control,
+    planned_stop_request,
 )
 from topotrain_trainer.config import EXIT_BAD_CONFIG, TrainingConfig
 from topotrain_trainer.control import EXIT_STOPPED
@@ -350,6 +352,53 @@ def test_checkpoint_request_and_sigterm_lose_no_step(
     for run in (first, second):
         for step, loss in run.losses().items():
             assert loss == baseline.losses[step], f"step {step} differs after the stop"
+
+
+def test_a_planned_stop_trains_no_step_after_its_checkpoint(s3: S3Server, tmp_path: Path) -> None:
+    """The operator asks a planned stop's checkpoint (`planned_stop_request`, before a roll, a
+    resize or a drain) and stops the gang once it is committed. The gang saves the step it
+    reached and trains no further step (issue 37 item 6: an old gang that trained on committed
+    old-spec steps on its SIGTERM, and a restart resumed from them); periodic saves every 2
+    steps would commit such steps too. Cleared (the change was called off), it trains on; the
+    SIGTERM after a second planned stop commits nothing newer than that request's step.
+
+    A hold late in the run (training.holdAtStep, a test aid) keeps it from ending first."""
+    uri = fresh_uri(s3)
+    store = store_for(s3, uri)
+    control = tmp_path / "control"
+    control.mkdir()
+    env = trainer_env(data=2, training=training(tmp_path, steps=40, hold_at_step=30), s3_env=s3.env(),
+                      checkpoint_uri=uri, interval=2, attempt=3)  # fmt: skip
+    env[CONTROL_DIR_ENV] = str(control)
+    run = TrainerRun(env)
+    run.wait_for("step", step=1)
+    first = planned_stop_request("rollout", 3, "2026-01-01T00:00:10.000Z")
+    _request_checkpoint(control, first)
+    paused = run.wait_for("paused")
+    served = int(_of(run, "checkpoint_requested")[0]["step"])
+    assert int(paused["step"]) == served
+    wait_until(lambda: (c := store.latest_committed()) is not None and c.step >= served,
+               timeout=120, what=f"step {served} committed")  # fmt: skip
+    time.sleep(3)  # the gang would train several steps in this time
+    assert max(run.losses()) == served, "a step was trained after the planned stop's checkpoint"
+    commit = store.latest_committed()
+    assert commit is not None and (commit.step, commit.request, commit.attempt) == (served, first, 3)
+
+    _write_control(control, {CHECKPOINT_REQUEST: ""})  # the operator cleared it: called off
+    assert int(run.wait_for("resumed")["step"]) == served
+    run.wait_for("step", step=served + 1)
+    second = planned_stop_request("resize", 3, "2026-01-01T00:00:20.000Z")
+    _request_checkpoint(control, second)
+    again = int(run.wait_for("paused")["step"])
+    assert again > served
+    run.proc.send_signal(signal.SIGTERM)  # the stop that follows a planned stop's checkpoint
+    assert run.finish() == EXIT_STOPPED, run.tail()
+    stopped = _of(run, "stopped")[0]
+    assert int(stopped["step"]) == again and stopped["committed"] is True
+    assert max(run.losses()) == again
+    assert max(store.step_dirs()) == again, "nothing newer than the served step may be committed"
+    newest = store.latest_committed()
+    assert newest is not None and (newest.step, newest.request) == (again, second)
 
 
 def test_warm_spares_run_the_next_attempt_in_place_from_its_checkpoint(

@@ -192,9 +192,16 @@ def test_an_unreadable_store_holds_the_change_past_the_bound() -> None:
 def test_scaling_back_before_the_checkpoint_cancels_the_change() -> None:
     obs, pods = shrink()
     d, obs = run(obs, pods=pods, now=at(10))
-    d, _ = run(obs, pods=asked(pods, request_of(d)), now=at(12), spec=spec())
-    assert d.launch is None and not d.delete and d.checkpoint_request is None
+    value = request_of(d)
+    d, obs = run(obs, pods=asked(pods, value), now=at(12), spec=spec())
+    assert d.launch is None and not d.delete
     assert d.status.checkpoint_request.state == "Cancelled"  # type: ignore[union-attr]
+    # The request is a planned stop's: a trainer that served it waits at that step for a SIGTERM
+    # that is not coming now. Clearing it on the pods lets the gang train on.
+    assert d.checkpoint_request is not None and d.checkpoint_request.value == ""
+    assert sorted(d.checkpoint_request.pods) == sorted(p.name for p in pods)
+    d, _ = run(obs, pods=asked(pods, ""), now=at(14), spec=spec())
+    assert d.checkpoint_request is None  # cleared: nothing more to patch
 
 
 def test_a_new_request_after_a_finished_one_has_a_new_value() -> None:

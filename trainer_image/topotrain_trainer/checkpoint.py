@@ -203,6 +203,7 @@ class Checkpointer:
         self.group = dist.new_group(backend="gloo")
         token = [uuid.uuid4().hex[:8] if self.rank == 0 else ""]
         dist.broadcast_object_list(token, src=0, group=self.group)
+        self.attempt = attempt
         self.shards = attempt_dir(attempt, str(token[0]))  # this run's directory in each step
         self._stager = stager or make_stager()
         self._pending: _Pending | None = None
@@ -324,7 +325,7 @@ class Checkpointer:
         if not failures:
             try:
                 self.store.write_commit(step, self.mesh_sizes, total, shards=self.shards,
-                                        request=request)
+                                        request=request, attempt=self.attempt)
                 self.committed = step
                 deleted = self.store.apply_retention(self.keep)
                 self.on_event({

@@ -59,6 +59,9 @@ class TrainingConfig:
     # to win a race; the attempts after the test's fault or resize train to the end (docs/trainer.md).
     hold_at_step: int = 0
     hold_attempts: int = 1
+    # After serving a planned stop's checkpoint request the gang trains no further step for up to
+    # this many seconds, waiting for the operator's SIGTERM (control.py); 0: it trains on.
+    planned_stop_seconds: float = 120.0
 
     @classmethod
     def from_json(cls, text: str) -> TrainingConfig:
@@ -104,6 +107,8 @@ class TrainingConfig:
         for name, camel in (("hold_at_step", "holdAtStep"), ("hold_attempts", "holdAttempts")):
             if getattr(self, name) < 0:
                 raise ConfigError(f"training.{camel}={getattr(self, name)}: must be >= 0")
+        if self.planned_stop_seconds < 0:
+            raise ConfigError(f"training.plannedStopSeconds={self.planned_stop_seconds}: must be >= 0")
         if self.lr <= 0:
             raise ConfigError(f"training.lr={self.lr}: must be > 0")
 

@@ -57,7 +57,7 @@ def train(env: TrainerEnv, config: TrainingConfig) -> None:
     first = True
     job.loader.start(progress.consumed_samples)
     while progress.step < config.steps:
-        if job.holding(progress.step):
+        if job.holding(progress.step) or job.control.paused:
             stopped = job.hold(progress.step)
             if stopped is not None:
                 break
@@ -161,7 +161,7 @@ class Job:
                 attempt=env.attempt,
             )
             self.heartbeat = Heartbeat(store, env.attempt) if rank == 0 else None
-        self.control = Control(rank)
+        self.control = Control(rank, attempt=env.attempt, pause_seconds=config.planned_stop_seconds)
         self.released = False  # training.holdAtStep: the hold was released (by this run)
 
     @classmethod
@@ -210,16 +210,18 @@ class Job:
                 and not self.released)  # fmt: skip
 
     def hold(self, step: int) -> int | None:
-        """Wait at this step boundary until the hold is released, serving checkpoint requests
-        and SIGTERM meanwhile (returns the exit code of a stop). A test aid: the operator sees
-        no progress while a gang is held, so a hold longer than progressTimeoutSeconds is a hang."""
-        self.metrics.emit({"event": "held", "step": step})
-        while not self.released:
+        """Wait at this step boundary while the gang is held (a test aid) or paused after serving a
+        planned stop's checkpoint request (control.py), serving checkpoint requests and SIGTERM
+        meanwhile (returns the exit code of a stop). The operator sees no progress while a gang
+        waits, so a hold longer than progressTimeoutSeconds is a hang."""
+        planned = self.control.paused
+        self.metrics.emit({"event": "paused" if planned else "held", "step": step})
+        while self.control.paused or self.holding(step):
             time.sleep(HOLD_POLL_SECONDS)
             stopped = self.at_boundary(step, held=True)
             if stopped is not None:
                 return stopped
-        self.metrics.emit({"event": "released", "step": step})
+        self.metrics.emit({"event": "resumed" if planned else "released", "step": step})
         return None
 
     def stop(self, step: int, decision: Decision) -> int:

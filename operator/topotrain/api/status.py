@@ -211,6 +211,18 @@ class CheckpointRequestStatus(_Model):
     )
 
 
+class PlannedRestoreStatus(_Model):
+    """The last planned change (a rollout, a resize, a drain) and the step its gang restored.
+
+    The gang it replaced may still have committed later steps (trained under the old spec or
+    degree) before it stopped; a later restart never resumes from those.
+    """
+
+    reason: str = Field(..., description="rollout, resize or drain.")
+    attempt: int = Field(..., description="The first attempt of the changed gang.")
+    step: int | None = Field(None, description="The step it restored (absent: it started fresh).")
+
+
 class RecoveryPhases(_Model):
     """Where the time to first step of the last recovery went, in seconds."""
 
@@ -265,6 +277,11 @@ class RecoveryStatus(_Model):
         description="An in-place restart: the pod indices that got new pods (the others were kept).",
     )
     resume_step: int | None = Field(None, alias="resumeStep", description="Checkpoint step it resumed from.")
+    resume_reason: str | None = Field(
+        None, alias="resumeReason",
+        description="Why it resumed from resumeStep: the checkpoint a planned change asked for, or "
+        "the newest commit of the current spec (naming any newer commit it skipped, and why).",
+    )
     started: str | None = Field(None, description="When the failure was detected (in flight while set).")
 
 
@@ -304,6 +321,11 @@ class TrainingJobStatus(_Model):
     checkpoint_request: CheckpointRequestStatus | None = Field(
         None, alias="checkpointRequest",
         description="The last checkpoint asked of the gang before a planned change.",
+    )
+    planned_restore: PlannedRestoreStatus | None = Field(
+        None, alias="plannedRestore",
+        description="The last planned change's restore step: commits after it made by earlier "
+        "attempts are never resumed from.",
     )
     resumed_from: ResumedFromStatus | None = Field(
         None, alias="resumedFrom",

@@ -31,6 +31,7 @@ from topotrain.checkpoints import (
 from topotrain.controller.indexes import JobKey
 from topotrain.controller.kube import Kube, SecretProblem
 from topotrain.controller.settings import Settings
+from topotrain.core import resume
 from topotrain.core.ownership import (
     ForeignObject,
     ResumePolicy,
@@ -73,11 +74,12 @@ class Observer:
         cached = self._cached
         if cached and not force and quiet and time.monotonic() - cached[0] < self.settings.checkpoint_poll:
             return cached[1], cached[2]
-        problem, view = self._read(key, spec, status.start_time is not None or status.attempt > 0)
+        problem, view = self._read(key, spec, status.start_time is not None or status.attempt > 0,
+                                   resume.floor(status))
         self._cached = (time.monotonic(), problem, view)
         return problem, view
 
-    def _read(self, key: JobKey, spec: TrainingJobSpec, started: bool
+    def _read(self, key: JobKey, spec: TrainingJobSpec, started: bool, floor: resume.Floor | None
               ) -> tuple[Problem, CheckpointView | None]:
         ckpt = spec.checkpoint
         assert ckpt is not None
@@ -91,7 +93,9 @@ class Observer:
         endpoint = ckpt.endpoint or self.settings.s3_endpoint
         store = self._store(job_prefix(ckpt.uri, namespace, name), endpoint, access, secret)
         try:
-            latest = store.latest_committed()
+            # The newest commit a restart may resume from: not one the gang a planned change
+            # replaced made after the step the change restored (resume.py).
+            latest, skipped = store.newest_resumable(floor.admits if floor is not None else None)
             progress = store.read_progress()
             request, request_step = _served_request(store, latest, progress)
             failure = store.read_failure() if started else None
@@ -111,6 +115,8 @@ class Observer:
             progress_attempt=progress.attempt if progress else None,
             progress_start=progress.start if progress else None,
             request=request, request_step=request_step, worker_failure=failure,
+            skipped_step=skipped.step if skipped else None,
+            skipped_attempt=skipped.attempt if skipped else None,
         )
 
     def _claim(self, store: CheckpointStore, policy: ResumePolicy, started: bool,

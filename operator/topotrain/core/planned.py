@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from topotrain.api.status import CheckpointRequestStatus, Reason
+from topotrain.contract import planned_stop_request
 from topotrain.core import policy
 from topotrain.core.reconcile_status import CheckpointView, StatusBuilder
 from topotrain.core.status_edits import iso
@@ -78,7 +79,7 @@ def checkpoint_first(
         return Wait(ready=True)
     req = sb.status.checkpoint_request
     if not pending(req) or req is None or req.attempt != attempt:
-        req = CheckpointRequestStatus(value=f"{reason}-{attempt}-{iso(now)}", reason=reason,
+        req = CheckpointRequestStatus(value=planned_stop_request(reason, attempt, iso(now)), reason=reason,
                                       attempt=attempt, time=iso(now))  # fmt: skip
         sb.status.checkpoint_request = req
         sb.events.append(("Normal", Reason.CHECKPOINT_REQUESTED,
@@ -128,6 +129,19 @@ def settle(sb: StatusBuilder) -> None:
     if pending(req) and req is not None and (req.attempt != st.attempt
                                             or st.phase in ("Succeeded", "Failed")):
         req.state = "Cancelled"
+
+
+def release(sb: StatusBuilder, pods: list[policy.PodView]) -> CheckpointAsk | None:
+    """A request called off (Cancelled) that pods of the gang still carry: clear it.
+
+    Its value marks a planned stop, so a trainer that served it waits at that step for the
+    SIGTERM that is not coming now; the cleared annotation lets it train on.
+    """
+    req = sb.status.checkpoint_request
+    if req is None or req.state != "Cancelled":
+        return None
+    carrying = tuple(p.name for p in pods if not p.terminating and p.checkpoint_request == req.value)
+    return CheckpointAsk(pods=carrying, value="") if carrying else None
 
 
 def _ask(req: CheckpointRequestStatus, pods: list[policy.PodView]) -> CheckpointAsk | None:

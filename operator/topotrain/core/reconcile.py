@@ -19,8 +19,9 @@ from dataclasses import replace
 
 from topotrain.api.status import ConditionType as C
 from topotrain.api.status import Reason
-from topotrain.core import elastic, inplace, planned, policy
+from topotrain.core import elastic, inplace, planned, policy, resume
 from topotrain.core.decision import Decision, Launch, Observed
+from topotrain.core.planning import PlanOutcome
 from topotrain.core.reconcile_faults import on_failure
 from topotrain.core.reconcile_inplace import missing_replaced, relabel, replace_in_place
 from topotrain.core.reconcile_launch import WAIT_SHORT, blocking, launch, newer_commit, node_ready
@@ -146,6 +147,9 @@ def _afterwards(obs: Observed, sb: StatusBuilder, decision: Decision, attempt: i
                and p.phase not in ("Failed", "Succeeded")]
     if not any(p.template and obs.template and p.template != obs.template for p in staying):
         sb.status.observed_generation = obs.generation
+    if decision.checkpoint_request is None:  # a called-off planned stop is cleared on its pods
+        planned.settle(sb)
+        decision.checkpoint_request = planned.release(sb, [p for p in obs.pods if p.attempt == attempt])
 
 
 def _steady(
@@ -236,12 +240,25 @@ def _roll_for_spec_change(
         decision.checkpoint_request, decision.requeue_after = wait.ask, wait.requeue_after
         return True
     decision.delete += [p.name for p in current if not p.terminating]
-    resume = wait.resume_step
-    if resume is None and obs.checkpoint is not None:
-        resume = obs.checkpoint.step
-    sb.rolling(obs.generation, attempt + 1, resume)
-    launch(obs, sb, decision, attempt + 1, resume=resume)
+    step = _planned_step(obs, wait)
+    sb.rolling(obs.generation, attempt + 1, step)
+    _relaunch(obs, sb, decision, attempt + 1, "rollout", step)
     return True
+
+
+def _planned_step(obs: Observed, wait: planned.Wait) -> int | None:
+    """The step a planned change resumes from: its served checkpoint's, else the last commit's."""
+    if wait.resume_step is None and obs.checkpoint is not None:
+        return obs.checkpoint.step
+    return wait.resume_step
+
+
+def _relaunch(obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int, reason: str,
+              step: int | None, outcome: PlanOutcome | None = None) -> None:
+    """Start the changed gang (`attempt`) from `step`, recorded as the floor under which no
+    later commit of the replaced gang is ever resumed from (resume.py)."""
+    resume.record(sb.status, reason, attempt, step)
+    launch(obs, sb, decision, attempt, outcome=outcome, resume=step, planned=reason)
 
 
 def _finish_creating(
@@ -261,10 +278,10 @@ def _finish_creating(
     if (table is not None and table.attempt == attempt and all(i in table.assignments for i in missing)
             and len(resumes) == 1 and newer_commit(obs, _step(next(iter(resumes)))) is None):
         # The gang's other pods say which step it resumes from: every pod must agree.
-        resume = next(iter(resumes))
+        told = next(iter(resumes))
         decision.launch = Launch(
             attempt=attempt, data=table.data, pool=obs.status.pool,
-            assignments=dict(table.assignments), resume_step=_step(resume),
+            assignments=dict(table.assignments), resume_step=_step(told),
             mode="resume", only=missing,
         )
         return
@@ -321,8 +338,9 @@ def _move_off_cordoned(
         decision.checkpoint_request, decision.requeue_after = wait.ask, wait.requeue_after
         return True
     decision.delete += [p.name for p in current if not p.terminating]
+    step = _planned_step(obs, wait)
     sb.moving(cordoned, outcome.data, attempt + 1, wait.resume_step)
-    launch(obs, sb, decision, attempt + 1, outcome=outcome, resume=wait.resume_step)
+    _relaunch(obs, sb, decision, attempt + 1, "drain", step, outcome)
     return True
 
 
@@ -350,6 +368,6 @@ def _maybe_resize(
         return
     decision.delete += [p.name for p in current if not p.terminating]
     sb.resizing(request, outcome.data, attempt + 1)
-    launch(obs, sb, decision, attempt + 1, outcome=outcome, resume=wait.resume_step)
+    _relaunch(obs, sb, decision, attempt + 1, "resize", _planned_step(obs, wait), outcome)
 
 

@@ -20,6 +20,7 @@ from topotrain.core.reconcile_launch import (
     refused_too_long,
 )
 from topotrain.core.reconcile_status import StatusBuilder
+from topotrain.core.resume import explain
 from topotrain.core.status_edits import iso
 
 
@@ -73,8 +74,10 @@ def restart_in_place(
     assert rec is not None
     rec.mode, rec.replaced_indices = inplace.IN_PLACE, sorted(keep.replaced)
     rec.resume_step = obs.checkpoint.step if obs.checkpoint is not None else None
+    rec.resume_reason = explain(sb.status, obs.checkpoint, rec.resume_step)
     sb.status.attempt_start_time = iso(obs.now)
     step = "from scratch" if rec.resume_step is None else f"from step {rec.resume_step}"
+    step += f" ({rec.resume_reason})"
     where = ", ".join(f"index {i} on {n}" for i, n in sorted(keep.replaced.items()))
     message = (f"attempt {nxt} {step} in place: kept {len(keep.kept)} pod(s)"
                + (f", replacing {where}" if where else ""))
@@ -124,6 +127,7 @@ def _retarget(
     assert rec is not None
     nxt, told = attempt + 1, rec.resume_step
     rec.resume_step, rec.replaced_indices = step, sorted(missing)
+    rec.resume_reason = f"a newer commit than step {told}, the one attempt {attempt} was told"
     sb.status.attempt, sb.status.attempt_start_time = nxt, iso(obs.now)
     message = (f"attempt {nxt} from step {step} in place: step {step} was committed after attempt "
                f"{attempt} was told step {told}, before its replacement pods were created")

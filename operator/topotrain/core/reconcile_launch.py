@@ -19,6 +19,7 @@ from topotrain.core import elastic, node_failures, policy
 from topotrain.core.decision import Decision, Launch, Observed
 from topotrain.core.planning import Planner, PlanOutcome
 from topotrain.core.reconcile_status import REFUSAL_REASONS, StatusBuilder
+from topotrain.core.resume import explain
 from topotrain.core.status_edits import iso
 
 CHECKPOINT_UNAVAILABLE = Reason.STORE_UNAVAILABLE
@@ -30,10 +31,11 @@ REFUSALS = REFUSAL_REASONS
 def launch(
     obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
     previous: Mapping[int, str] | None = None, outcome: PlanOutcome | None = None,
-    resume: int | None = None,
+    resume: int | None = None, planned: str | None = None,
 ) -> None:
     """No pod of the current attempt exists: place the gang and create it, resuming from
-    `resume` (a planned change's served checkpoint) or else the newest commit."""
+    `resume` (the step of the planned change `planned`) or else the newest resumable commit
+    (resume.py)."""
     if obs.config_problem is not None:
         return
     waiting = backoff_left(obs, sb)
@@ -65,7 +67,8 @@ def launch(
     if resume is None:
         resume = None if ckpt is None else ckpt.step
     previous_data = sb.status.parallelism.data if sb.status.parallelism else outcome.data
-    sb.placed(outcome, obs.spec.parallelism, previous_data, resume)
+    sb.placed(outcome, obs.spec.parallelism, previous_data, resume,
+              explain(sb.status, ckpt, resume, planned))
     # Gated pods are never tried by the scheduler, so holding the gate until the older attempt's
     # pods are gone avoids the scheduler's backoff on nodes they still occupy.
     decision.launch = Launch(

@@ -61,6 +61,10 @@ class CheckpointView:
     # newer step on its SIGTERM (a stale commit naming an older request).
     request: str = ""
     request_step: int | None = None
+    # The newest commit the store holds above `step` that a restart must not resume from: saved by
+    # a gang a planned change replaced, after the step the change restored (resume.py).
+    skipped_step: int | None = None
+    skipped_attempt: int | None = None
     # failure.json: a supervisor reported its own rank's failure and waits for the next attempt
     worker_failure: WorkerFailure | None = None
 
@@ -180,7 +184,8 @@ class StatusBuilder(LifecycleStatus):
         return summary
 
     def placed(
-        self, outcome: PlanOutcome, par: Parallelism, previous_data: int, resume: int | None
+        self, outcome: PlanOutcome, par: Parallelism, previous_data: int, resume: int | None,
+        why: str = "",
     ) -> None:
         st = self.status
         first = st.start_time is None
@@ -197,10 +202,12 @@ class StatusBuilder(LifecycleStatus):
         rec = st.recovery or RecoveryStatus()
         kind = elastic.resize_kind(previous_data, outcome.data)
         rec.mode = kind or outcome.mode
-        rec.resume_step = resume
+        rec.resume_step, rec.resume_reason = resume, why or None
         st.recovery = rec
-        step = "from scratch (no committed checkpoint)" if resume is None else f"from step {resume}"
-        self._event(NORMAL, Reason.RESTARTED, f"attempt {st.attempt} {step}; {rec.mode}: {summary}")
+        step = "from scratch" if resume is None else f"from step {resume}"
+        default = "no committed checkpoint" if resume is None else "the newest commit"
+        self._event(NORMAL, Reason.RESTARTED,
+                    f"attempt {st.attempt} {step}: {why or default}; {rec.mode}: {summary}")
         if kind == "shrink":
             self._event(WARNING, Reason.SHRUNK, f"data degree {previous_data} -> {outcome.data}")
         elif kind == "grow":
