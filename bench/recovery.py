@@ -79,7 +79,8 @@ def job_manifest(name: str, namespace: str, nodes: int) -> dict[str, Any]:
 @contextmanager
 def operator(kubeconfig: str, namespace: str, strategy: str, log: Path) -> Iterator[None]:
     path = os.pathsep.join(filter(None, [str(REPO / "operator"), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "KUBECONFIG": kubeconfig, "TOPOTRAIN_RECONCILE_INTERVAL": "5", "PYTHONPATH": path}
+    env = {**os.environ, "KUBECONFIG": kubeconfig, "TOPOTRAIN_RECONCILE_INTERVAL": "5", "PYTHONPATH": path,
+           "TOPOTRAIN_CHECKPOINT_ENDPOINTS": "127.0.0.1"}  # the testbed's S3 server, on loopback
     with log.open("ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "topotrain.cli", "run", "--standalone", "--namespace", namespace,

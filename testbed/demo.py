@@ -110,7 +110,9 @@ class Demo:
             self.operator = subprocess.Popen(
                 [sys.executable, "-m", "topotrain.cli", "run", "--standalone", "--namespace", NAMESPACE,
                  "--metrics-port", "0", "--health-port", "0"],
-                env={**self.env, "TOPOTRAIN_RECONCILE_INTERVAL": "2"}, stdout=out,
+                env={**self.env, "TOPOTRAIN_RECONCILE_INTERVAL": "2",
+                     "TOPOTRAIN_CHECKPOINT_ENDPOINTS": "127.0.0.1"},  # the testbed's S3, on loopback
+                stdout=out,
                 stderr=subprocess.STDOUT,
             )
 

@@ -169,6 +169,9 @@ class Stack:
             "peering": {"enabled": False},
             "metrics": {"port": free_port()},
             "healthPort": free_port(),
+            # The testbed's S3 server (and the soak's proxy in front of it) listens on loopback,
+            # which the operator's endpoint allowlist refuses by default (controller/endpoints.py).
+            "s3": {"allowedEndpoints": ["127.0.0.1"]},
             "operator": {
                 "reconcileIntervalSeconds": 2,
                 "checkpointPollSeconds": 1,

@@ -77,7 +77,9 @@ class OperatorProcess:
         # PYTHONPATH: this checkout's operator, whatever checkout the shared venv was installed from
         path = os.pathsep.join(filter(None, [str(REPO / "operator"), os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "TOPOTRAIN_RECONCILE_INTERVAL": "1",
-               "TOPOTRAIN_CHECKPOINT_POLL": "1", "PYTHONPATH": path, **self.env}
+               "TOPOTRAIN_CHECKPOINT_POLL": "1", "PYTHONPATH": path,
+               "TOPOTRAIN_CHECKPOINT_ENDPOINTS": "127.0.0.1",  # the testbed's S3 server, on loopback
+               **self.env}
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "topotrain.cli", "run", "--standalone",

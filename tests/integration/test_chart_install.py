@@ -160,7 +160,8 @@ def local_operator(kubeconfig: Path, release: Release, name: str = "operator",
     """`topotrain run` as a local process, as the chart's Deployment configures it."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("KUBERNETES_", "AWS_", "TOPOTRAIN_"))}
-    env.update(KUBECONFIG=str(kubeconfig), TOPOTRAIN_METRICS_PORT="0", TOPOTRAIN_HEALTH_PORT="0")
+    env.update(KUBECONFIG=str(kubeconfig), TOPOTRAIN_METRICS_PORT="0", TOPOTRAIN_HEALTH_PORT="0",
+               TOPOTRAIN_CHECKPOINT_ENDPOINTS="127.0.0.1")  # the testbed's S3 server, on loopback
     if priority is not None:
         env["TOPOTRAIN_PEERING_PRIORITY"] = str(priority)
     log = release.workdir / f"{name}.log"

@@ -9,7 +9,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from topotrain.controller.health import HealthServer, LoopHealth
+from topotrain.controller.health import HealthServer, LoopHealth, PassWatch
 from topotrain.controller.settings import Settings, SettingsError
 
 
@@ -79,3 +79,44 @@ def test_stall_limit_setting_is_checked() -> None:
     assert Settings.from_env({"TOPOTRAIN_LIVENESS_STALL_SECONDS": "90"}).liveness_stall_seconds == 90
     with pytest.raises(SettingsError, match="TOPOTRAIN_LIVENESS_STALL_SECONDS=0: must be > 0"):
         Settings.from_env({"TOPOTRAIN_LIVENESS_STALL_SECONDS": "0"})
+
+
+def test_passes_that_stop_completing_fail_the_probe_while_the_loop_still_ticks() -> None:
+    """Every job's pass stuck in worker threads (API or store calls that never end) while the
+    event loop runs on: the probe fails once no pass has completed for pass_stall_seconds, but
+    only while jobs exist, and a completed pass heals it."""
+    clock = Clock()
+    passes = PassWatch(clock=clock)
+    health = LoopHealth(stall_seconds=60, clock=clock, passes=passes, pass_stall_seconds=300)
+    server = HealthServer(health, 0, host="127.0.0.1").start()
+    try:
+        clock.now += 1000  # no job yet: nothing to judge passes by
+        health.beat()
+        assert get(server.port)[0] == 200
+        passes.loop_started()
+        passes.loop_started()
+        clock.now += 299
+        health.beat()  # the event loop ticks all along
+        code, body = get(server.port)
+        assert code == 200 and body["jobs"] == 2 and body["lastPassAgeSeconds"] == 299.0
+        clock.now += 2
+        health.beat()
+        code, body = get(server.port)
+        assert code == 503 and body["alive"] is False
+        assert "no job's reconcile pass has completed for 301 s while 2 jobs exist" in str(body["message"])
+        passes.pass_done()
+        assert get(server.port)[0] == 200
+        passes.loop_ended()
+        passes.loop_ended()
+        clock.now += 1000
+        health.beat()
+        assert get(server.port)[0] == 200  # the jobs are gone
+    finally:
+        server.stop()
+
+
+def test_the_pass_watchdog_setting() -> None:
+    assert Settings.from_env({}).pass_stall_seconds == 300
+    assert Settings.from_env({"TOPOTRAIN_PASS_STALL_SECONDS": "90"}).pass_stall_seconds == 90
+    with pytest.raises(SettingsError, match="TOPOTRAIN_PASS_STALL_SECONDS"):
+        Settings.from_env({"TOPOTRAIN_PASS_STALL_SECONDS": "0"})

@@ -37,6 +37,7 @@ class Reason:
     SECRET_NOT_FOUND = "CheckpointSecretNotFound"
     SECRET_INVALID = "CheckpointSecretInvalid"
     SECRET_FORBIDDEN = "CheckpointSecretForbidden"
+    ENDPOINT_NOT_ALLOWED = "CheckpointEndpointNotAllowed"  # outside the operator's allowlist
     CONFIG_OK = "ConfigResolved"
     INVALID_SPEC = "InvalidSpec"  # the spec does not parse (an object older than the CRD's schema)
     PODS_PENDING = "PodsPending"

@@ -8,6 +8,11 @@ counts a slow answer as a failure. Here the event loop only ticks a heartbeat
 heartbeat's age: 200 while the loop has ticked within `stall_seconds`, 503 naming the stall
 otherwise. A loop that is stuck (a blocking call, a deadlock) still fails the probe, and the
 kubelet restarts the operator; a loop that is merely busy does not.
+
+The loop ticking is not enough: every job's pass may be stuck in worker threads (API or S3
+calls that never end) while the loop itself runs on. So the probe also fails when jobs exist
+and no job's pass has completed for `pass_stall_seconds` (`PASSES`, fed by every job's loop,
+which passes at least every reconcile interval).
 """
 
 from __future__ import annotations
@@ -24,16 +29,44 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 1.0
 DEFAULT_STALL_SECONDS = 60.0
+DEFAULT_PASS_STALL_SECONDS = 300.0
+
+
+class PassWatch:
+    """How many job loops run, and when one of them last completed a pass (the event loop
+    writes it, the probe's thread reads it)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.loops = 0
+        self.last_pass = clock()
+
+    def loop_started(self) -> None:
+        if self.loops == 0:
+            self.last_pass = self.clock()  # the first job is not judged by a pass of long ago
+        self.loops += 1
+
+    def loop_ended(self) -> None:
+        self.loops = max(0, self.loops - 1)
+
+    def pass_done(self) -> None:
+        self.last_pass = self.clock()
+
+
+PASSES = PassWatch()  # the process's job loops (controller/loop.py feeds it)
 
 
 class LoopHealth:
     """The event loop's heartbeat and the verdict on it."""
 
     def __init__(self, stall_seconds: float = DEFAULT_STALL_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+                 clock: Callable[[], float] = time.monotonic, passes: PassWatch | None = None,
+                 pass_stall_seconds: float = DEFAULT_PASS_STALL_SECONDS) -> None:  # fmt: skip
         self.stall_seconds = stall_seconds
         self.clock = clock
         self.last_beat = clock()
+        self.passes = passes
+        self.pass_stall_seconds = pass_stall_seconds
 
     def beat(self) -> None:
         self.last_beat = self.clock()
@@ -46,6 +79,15 @@ class LoopHealth:
         if not alive:
             body["message"] = (f"the operator's event loop has not run for {age:.0f} s "
                                f"(limit {self.stall_seconds:.0f} s)")  # fmt: skip
+        passes = self.passes
+        if passes is not None and passes.loops:
+            since = max(0.0, self.clock() - passes.last_pass)
+            body.update(jobs=passes.loops, lastPassAgeSeconds=round(since, 3))
+            if since >= self.pass_stall_seconds and alive:
+                alive = body["alive"] = False
+                body["message"] = (f"no job's reconcile pass has completed for {since:.0f} s while "
+                                   f"{passes.loops} jobs exist (limit {self.pass_stall_seconds:.0f} s): "
+                                   "their calls are stuck")  # fmt: skip
         return alive, body
 
     async def run(self, period: float = HEARTBEAT_SECONDS) -> None:

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from topotrain.api.spec import TrainingJobSpec
 from topotrain.api.status import ConditionType, TrainingJobStatus
 from topotrain.controller.act import Actuator
+from topotrain.controller.health import PASSES
 from topotrain.controller.indexes import IndexedNodes, JobKey, index_values, job_pods_key
 from topotrain.controller.metrics import METRICS
 from topotrain.controller.observe import Observer
@@ -66,6 +67,7 @@ class JobLoop:
                   nodes: kopf.Index[str, Any]) -> None:
         # Its own event, never a stopping namesake's (that loop's end must not take this one's).
         event = self.op.wakers[self.key] = asyncio.Event()
+        PASSES.loop_started()
         try:
             while not stopped:
                 event.clear()
@@ -75,6 +77,7 @@ class JobLoop:
                 except Exception:  # one job's trouble never stops the others
                     log.exception("reconcile of %s/%s failed; retrying", *self.key)
                     requeue = self.op.settings.reconcile_interval
+                PASSES.pass_done()  # /healthz's watchdog (health.py)
                 timeout = self.op.settings.reconcile_interval
                 if requeue is not None:
                     timeout = max(0.05, min(requeue, timeout))
@@ -82,6 +85,7 @@ class JobLoop:
                     await asyncio.wait_for(event.wait(), timeout)
                 await asyncio.sleep(COALESCE_SECONDS)
         finally:
+            PASSES.loop_ended()
             self.op.forget(self.key, event)
             self.actuator.job_ended(self.key[0], self.uid)
             METRICS.job_phase(*self.key, None)
@@ -104,7 +108,7 @@ class JobLoop:
             view = self.queue_view = await asyncio.to_thread(
                 self.queue.observe, self.body, spec, status.phase in ("Succeeded", "Failed"))
             spec = _admitted_spec(spec, view)
-        problem, ckpt = await asyncio.to_thread(self.observer.checkpoint, self.key, spec, status)
+        problem, ckpt = await self.op.store_calls.checkpoint(self.observer, self.key, spec, status)
         owned, table = await asyncio.to_thread(
             self.observer.children, self.key, self.actuator.problem is not None)
         look = WatchLook(self.op, self.key, pods, nodes)
@@ -174,7 +178,7 @@ class JobLoop:
                 if not stale:
                     break
             # A restart resumes from the newest commit: read the store again before deciding it.
-            _, ckpt = await asyncio.to_thread(self.observer.checkpoint, self.key, spec, status, True)
+            _, ckpt = await self.op.store_calls.checkpoint(self.observer, self.key, spec, status, True)
         if decision is None:  # not reached: the lock's loop decides whenever the first look did not
             raise RuntimeError(f"{self.key}: no decision")
         return decision, nodes_used, ckpt

@@ -19,7 +19,7 @@ import kopf
 from topotrain import GROUP, KIND, PLURAL, VERSION
 from topotrain.controller import kopf_readiness
 from topotrain.controller.fleet import Fleet
-from topotrain.controller.health import HealthServer, LoopHealth
+from topotrain.controller.health import PASSES, HealthServer, LoopHealth
 from topotrain.controller.indexes import (
     job_of,
     node_entries,
@@ -188,7 +188,8 @@ def _run(args: argparse.Namespace) -> int:
     kopf_readiness.install()  # a fleet of thousands of nodes is listed in seconds, not minutes
     # /healthz from a thread of its own, judged by the event loop's heartbeat (controller/health.py):
     # kopf's endpoint shares the loop with every watch event and answered late on a busy fleet.
-    health = LoopHealth(SETTINGS.liveness_stall_seconds)
+    health = LoopHealth(SETTINGS.liveness_stall_seconds, passes=PASSES,
+                        pass_stall_seconds=SETTINGS.pass_stall_seconds)
     try:
         server = HealthServer(health, SETTINGS.health_port).start() if SETTINGS.health_port else None
     except OSError as err:

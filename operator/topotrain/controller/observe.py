@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from topotrain.api.spec import TrainingJobSpec
-from topotrain.api.status import TrainingJobStatus
+from topotrain.api.status import Reason, TrainingJobStatus
 from topotrain.checkpoints import (
     CheckpointStore,
     CommittedCheckpoint,
@@ -28,6 +28,7 @@ from topotrain.checkpoints import (
     job_prefix,
     operator_store,
 )
+from topotrain.controller.endpoints import endpoint_problem
 from topotrain.controller.indexes import JobKey
 from topotrain.controller.kube import Kube, SecretProblem
 from topotrain.controller.settings import Settings
@@ -84,6 +85,11 @@ class Observer:
         ckpt = spec.checkpoint
         assert ckpt is not None
         namespace, name = key
+        if ckpt.endpoint:
+            outside = endpoint_problem(ckpt.endpoint, self.settings.s3_endpoint,
+                                       self.settings.checkpoint_endpoints)
+            if outside is not None:  # checked before any request, the Secret's read included
+                return (Reason.ENDPOINT_NOT_ALLOWED, outside), CheckpointView(reachable=False, error=outside)
         access = secret = ""
         if ckpt.credentials_secret:
             try:

@@ -25,6 +25,7 @@ from topotrain.controller.kube import Kube
 from topotrain.controller.metrics import METRICS
 from topotrain.controller.settings import Settings
 from topotrain.controller.snapshot import Ghosts, Ledger
+from topotrain.controller.storecalls import StoreCalls
 
 log = logging.getLogger("topotrain.jobs")
 STARTUP_SECONDS = 30.0  # the first resync waits this long (the watches' first LISTs fill the indexes)
@@ -45,6 +46,8 @@ class Operator:
     # The thread that decides under plan_lock (only the lock's holder uses it, so it is free)
     planner: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="topotrain-plan"))
+    # Checkpoint-store reads: a pool of their own, a cap per namespace, a deadline each
+    store_calls: StoreCalls = field(default_factory=StoreCalls)
     wakers: dict[JobKey, asyncio.Event] = field(default_factory=dict)
     # The status each job's loop last wrote, with the uid of the object it wrote it to: a job
     # deleted and re-created under its name is another object, whose loop starts before the old

@@ -36,8 +36,10 @@ class Settings:
     | metrics_port | TOPOTRAIN_METRICS_PORT (0 disables) | 9090 |
     | health_port | TOPOTRAIN_HEALTH_PORT (0 disables) | 8080 |
     | liveness_stall_seconds | TOPOTRAIN_LIVENESS_STALL_SECONDS (/healthz fails once the event loop has not run this long) | 60 |
+    | pass_stall_seconds | TOPOTRAIN_PASS_STALL_SECONDS (/healthz fails once no job's pass has completed this long while jobs exist) | 300 |
     | peering | TOPOTRAIN_PEERING ("" = standalone) | topotrain |
     | s3_endpoint | TOPOTRAIN_S3_ENDPOINT (when a job names none) | unset |
+    | checkpoint_endpoints | TOPOTRAIN_CHECKPOINT_ENDPOINTS (comma list: endpoints a job may name besides in-cluster Services and s3_endpoint; endpoints.py) | none |
     | master_port | TOPOTRAIN_MASTER_PORT | 29500 |
     | reconcile_interval | TOPOTRAIN_RECONCILE_INTERVAL seconds (idle re-check) | 10 |
     | checkpoint_poll | TOPOTRAIN_CHECKPOINT_POLL seconds (S3 re-read while Running) | 10 |
@@ -58,8 +60,12 @@ class Settings:
     # /healthz is answered by a thread (controller/health.py); it fails once the event loop has not
     # ticked for this long, so a loop busy with a burst of watch events is not restarted.
     liveness_stall_seconds: float = 60.0
+    # ... and once jobs exist and none of their passes has completed for this long (health.py)
+    pass_stall_seconds: float = 300.0
     peering: str = "topotrain"
     s3_endpoint: str | None = None
+    # Endpoints a job's spec.checkpoint.endpoint may name besides the defaults (endpoints.py).
+    checkpoint_endpoints: tuple[str, ...] = ()
     master_port: int = DEFAULT_MASTER_PORT
     reconcile_interval: float = 10.0
     checkpoint_poll: float = 10.0
@@ -111,8 +117,11 @@ class Settings:
             liveness_stall_seconds=_positive(_seconds(env, "TOPOTRAIN_LIVENESS_STALL_SECONDS",
                                                       base.liveness_stall_seconds),
                                              "TOPOTRAIN_LIVENESS_STALL_SECONDS"),
+            pass_stall_seconds=_positive(_seconds(env, "TOPOTRAIN_PASS_STALL_SECONDS",
+                                                  base.pass_stall_seconds), "TOPOTRAIN_PASS_STALL_SECONDS"),
             peering=env.get("TOPOTRAIN_PEERING", base.peering).strip(),
             s3_endpoint=env.get("TOPOTRAIN_S3_ENDPOINT") or None,
+            checkpoint_endpoints=_split(env.get("TOPOTRAIN_CHECKPOINT_ENDPOINTS", "")),
             master_port=_port(env, "TOPOTRAIN_MASTER_PORT", base.master_port),
             reconcile_interval=_seconds(env, "TOPOTRAIN_RECONCILE_INTERVAL", base.reconcile_interval),
             checkpoint_poll=_seconds(env, "TOPOTRAIN_CHECKPOINT_POLL", base.checkpoint_poll),
