@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from topotrain.api.status import CheckpointRequestStatus, Reason
+from topotrain.api.status import CheckpointRequestStatus
 from topotrain.contract import planned_stop_request
 from topotrain.core import policy
 from topotrain.core.reconcile_status import CheckpointView, StatusBuilder
@@ -81,33 +81,27 @@ def checkpoint_first(
     if not pending(req) or req is None or req.attempt != attempt:
         req = CheckpointRequestStatus(value=planned_stop_request(reason, attempt, iso(now)), reason=reason,
                                       attempt=attempt, time=iso(now))  # fmt: skip
-        sb.status.checkpoint_request = req
-        sb.events.append(("Normal", Reason.CHECKPOINT_REQUESTED,
-                          f"{reason}: asked attempt {attempt} for a checkpoint at its next step "
-                          f"(waits up to {timeout:.0f}s, then resumes from the last commit)"))
+        sb.checkpoint_asked(req, f"{reason}: asked attempt {attempt} for a checkpoint at its next "
+                            f"step (waits up to {timeout:.0f}s, then resumes from the last commit)")
     waited = (now - sb.parse(req.time)).total_seconds()
     if not view.reachable:
         if reason in BOUNDED_WHATEVER_THE_STORE and waited >= timeout:
-            req.state = "TimedOut"
-            sb.events.append(("Warning", Reason.CHECKPOINT_TIMED_OUT,
-                              f"{reason}: the checkpoint asked {int(waited)}s ago cannot be seen, "
-                              f"the checkpoint store is unreadable ({view.error or 'no answer'}); "
-                              f"stopping the gang anyway (bound {timeout:.0f}s): it resumes from "
-                              f"the newest commit the store holds when it starts again"))
+            sb.checkpoint_timed_out(req.step, (
+                f"{reason}: the checkpoint asked {int(waited)}s ago cannot be seen, the checkpoint "
+                f"store is unreadable ({view.error or 'no answer'}); stopping the gang anyway "
+                f"(bound {timeout:.0f}s): it resumes from the newest commit the store holds when it "
+                "starts again"))
             return Wait(ready=True)
         wait = POLL_SECONDS if reason not in BOUNDED_WHATEVER_THE_STORE else min(POLL_SECONDS, timeout - waited)
         return Wait(ready=False, ask=_ask(req, pods), requeue_after=wait)
     if view.request == req.value and view.request_step is not None:
-        req.state, req.step = "Committed", view.request_step
-        sb.events.append(("Normal", Reason.CHECKPOINT_SERVED,
-                          f"{reason}: checkpoint of step {req.step} committed; changing the gang"))
-        return Wait(ready=True, resume_step=req.step)
+        sb.checkpoint_served(view.request_step,
+                             f"{reason}: checkpoint of step {view.request_step} committed; changing the gang")
+        return Wait(ready=True, resume_step=view.request_step)
     if waited >= timeout:
-        req.state, req.step = "TimedOut", view.step
         last = "from scratch" if view.step is None else f"from the last commit, step {view.step}"
-        sb.events.append(("Warning", Reason.CHECKPOINT_TIMED_OUT,
-                          f"{reason}: the checkpoint asked {int(waited)}s ago is not committed "
-                          f"(bound {timeout:.0f}s); resuming {last}"))
+        sb.checkpoint_timed_out(view.step, f"{reason}: the checkpoint asked {int(waited)}s ago is not "
+                                f"committed (bound {timeout:.0f}s); resuming {last}")
         return Wait(ready=True)
     return Wait(ready=False, ask=_ask(req, pods), requeue_after=min(POLL_SECONDS, timeout - waited))
 
@@ -117,9 +111,8 @@ def cancel(sb: StatusBuilder) -> None:
 
     A checkpoint the trainer still saves is harmless: an ordinary commit.
     """
-    req = sb.status.checkpoint_request
-    if req is not None and pending(req):
-        req.state = "Cancelled"
+    if pending(sb.status.checkpoint_request):
+        sb.checkpoint_cancelled()
 
 
 def settle(sb: StatusBuilder) -> None:
@@ -128,7 +121,7 @@ def settle(sb: StatusBuilder) -> None:
     req, st = sb.status.checkpoint_request, sb.status
     if pending(req) and req is not None and (req.attempt != st.attempt
                                             or st.phase in ("Succeeded", "Failed")):
-        req.state = "Cancelled"
+        sb.checkpoint_cancelled()
 
 
 def release(sb: StatusBuilder, pods: list[policy.PodView]) -> CheckpointAsk | None:

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from topotrain.api.status import ConditionType as C
 from topotrain.api.status import Reason
-from topotrain.core import elastic, inplace, planned, policy, resume
+from topotrain.core import elastic, inplace, planned, policy
 from topotrain.core.decision import Decision, Launch, Observed
 from topotrain.core.planning import PlanOutcome
 from topotrain.core.reconcile_faults import on_failure
@@ -52,7 +52,7 @@ def reconcile(obs: Observed) -> Decision:
     6. Settle the pass's status once (transitions.settle).
     """
     sb = StatusBuilder(obs.status, obs.generation, obs.now)
-    sb.status.selector = selector(obs.name)
+    sb.select(selector(obs.name))
     sb.observe_checkpoint(obs.checkpoint)
     observe_edge(obs, sb)
     decision = Decision(status=sb.status)
@@ -71,7 +71,7 @@ def _finished(obs: Observed, sb: StatusBuilder, decision: Decision) -> Decision:
     # A Failed job keeps its crashed pods (they hold no GPUs) so their logs can be read.
     keep = ("Failed",) if sb.status.phase == "Failed" else ()
     decision.delete = [p.name for p in obs.pods if not p.terminating and p.phase not in keep]
-    sb.status.observed_generation = obs.generation
+    sb.generation_observed()
     return decision
 
 
@@ -80,7 +80,7 @@ def _current_attempt(obs: Observed, sb: StatusBuilder,
     """The attempt the pass works on, the pods as an in-place restart counts them, and the kept
     pods still to be moved onto the attempt (relabelled)."""
     attempt = max([sb.status.attempt, *(p.attempt for p in obs.pods)])
-    sb.status.attempt = attempt
+    sb.at_attempt(attempt)
     pods, stale = inplace.effective(obs.pods, sb.status)
     obs = replace(obs, pods=pods)
     decision.delete = [p.name for p in obs.pods if p.attempt < attempt and not p.terminating
@@ -146,7 +146,7 @@ def _afterwards(obs: Observed, sb: StatusBuilder, decision: Decision, attempt: i
     staying = [p for p in obs.pods if not p.terminating and p.name not in set(decision.delete)
                and p.phase not in ("Failed", "Succeeded")]
     if not any(p.template and obs.template and p.template != obs.template for p in staying):
-        sb.status.observed_generation = obs.generation
+        sb.generation_observed()
     if decision.checkpoint_request is None:  # a called-off planned stop is cleared on its pods
         planned.settle(sb)
         decision.checkpoint_request = planned.release(sb, [p for p in obs.pods if p.attempt == attempt])
@@ -230,7 +230,7 @@ def _roll_for_spec_change(
     """
     stale = [p for p in current if p.template and obs.template and p.template != obs.template]
     if not stale:
-        sb.status.template_generation = obs.generation
+        sb.template_current()
         return False
     if obs.config_problem is not None:
         return False  # a spec that cannot run yet: keep the running gang
@@ -257,7 +257,7 @@ def _relaunch(obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int
               step: int | None, outcome: PlanOutcome | None = None) -> None:
     """Start the changed gang (`attempt`) from `step`, recorded as the floor under which no
     later commit of the replaced gang is ever resumed from (resume.py)."""
-    resume.record(sb.status, reason, attempt, step)
+    sb.restore_floor(reason, attempt, step)
     launch(obs, sb, decision, attempt, outcome=outcome, resume=step, planned=reason)
 
 

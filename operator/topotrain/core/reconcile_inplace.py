@@ -21,7 +21,6 @@ from topotrain.core.reconcile_launch import (
 )
 from topotrain.core.reconcile_status import StatusBuilder
 from topotrain.core.resume import explain
-from topotrain.core.status_edits import iso
 
 
 def in_place_plan(
@@ -69,20 +68,9 @@ def restart_in_place(
 ) -> None:
     """Keep the healthy pods (moved to the next attempt), replace only the failed indices."""
     nxt = attempt + 1
-    sb.restarting(verdict, nxt, failure.kind)
-    rec = sb.status.recovery
-    assert rec is not None
-    rec.mode, rec.replaced_indices = inplace.IN_PLACE, sorted(keep.replaced)
-    rec.resume_step = obs.checkpoint.step if obs.checkpoint is not None else None
-    rec.resume_reason = explain(sb.status, obs.checkpoint, rec.resume_step)
-    sb.status.attempt_start_time = iso(obs.now)
-    step = "from scratch" if rec.resume_step is None else f"from step {rec.resume_step}"
-    step += f" ({rec.resume_reason})"
-    where = ", ".join(f"index {i} on {n}" for i, n in sorted(keep.replaced.items()))
-    message = (f"attempt {nxt} {step} in place: kept {len(keep.kept)} pod(s)"
-               + (f", replacing {where}" if where else ""))
-    sb.set(C.RECOVERING, True, Reason.RESTARTED_IN_PLACE, f"{message}; {verdict.message}")
-    sb.events.append(("Normal", Reason.RESTARTED_IN_PLACE, message))
+    resume = obs.checkpoint.step if obs.checkpoint is not None else None
+    sb.restarting_in_place(verdict, nxt, failure.kind, keep.replaced, len(keep.kept), resume,
+                           explain(sb.status, obs.checkpoint, resume))
     moved = [replace(p, attempt=nxt) for p in keep.kept]
     # A pod on a lost node goes in the same pass (a crashed pod is kept for its logs): the kept
     # pods are moved only after it, so two attempts never look Running together.
@@ -123,16 +111,8 @@ def _retarget(
     restart was decided; the backoff or a refused create delayed the replacement): move the
     attempt's pods to the next attempt, told that step, rather than lose the steps between.
     Not a restart of its own: the budgets are untouched."""
-    rec = sb.status.recovery
-    assert rec is not None
-    nxt, told = attempt + 1, rec.resume_step
-    rec.resume_step, rec.replaced_indices = step, sorted(missing)
-    rec.resume_reason = f"a newer commit than step {told}, the one attempt {attempt} was told"
-    sb.status.attempt, sb.status.attempt_start_time = nxt, iso(obs.now)
-    message = (f"attempt {nxt} from step {step} in place: step {step} was committed after attempt "
-               f"{attempt} was told step {told}, before its replacement pods were created")
-    sb.set(C.RECOVERING, True, Reason.RESTARTED_IN_PLACE, message)
-    sb.events.append(("Normal", Reason.RESTARTED_IN_PLACE, message))
+    nxt = attempt + 1
+    sb.retargeting(attempt, nxt, step, missing)
     kept = [p for p in current if not p.terminating and p.phase not in ("Failed", "Succeeded")]
     moved = [replace(p, attempt=nxt) for p in kept]
     relabel(obs, sb, decision, nxt, [p.name for p in kept], moved)

@@ -149,6 +149,24 @@ class StatusBuilder(LifecycleStatus):
         started = self.status.attempt_start_time
         return parse(started) if started else None
 
+    # --- the pass's bookkeeping ----------------------------------------------
+
+    def select(self, selector: str) -> None:
+        """status.selector: the label selector of the job's pods (the scale subresource's)."""
+        self.status.selector = selector
+
+    def at_attempt(self, attempt: int) -> None:
+        """The restart epoch the job is at (its pods may not exist yet)."""
+        self.status.attempt = attempt
+
+    def generation_observed(self) -> None:
+        """status.observedGeneration: the job acts on its spec of this generation."""
+        self.status.observed_generation = self.generation
+
+    def template_current(self) -> None:
+        """status.templateGeneration: the running pods have this generation's pod template."""
+        self.status.template_generation = self.generation
+
     # --- configuration and placement ----------------------------------------
 
     def config_invalid(self, reason: str, message: str) -> None:

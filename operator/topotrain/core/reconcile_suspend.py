@@ -41,7 +41,7 @@ def suspend(
     decision.relabel, decision.release = None, []
     if live:
         decision.delete += [p.name for p in live if p.name not in decision.delete]
-        sb.status.attempt = attempt + 1
+        sb.at_attempt(attempt + 1)
     sb.suspended(step, len(live), why, reason, then)
 
 

@@ -10,8 +10,8 @@ the old spec or degree, that are not the job's history after the change. Resumin
 restart of the new gang from one of them (it crashed before its own first commit)
 would silently replace the new spec's work with old-spec steps.
 
-So the change is recorded (`status.plannedRestore`: the first attempt of the changed
-gang and R), and a commit is resumable only when it is at or below R or was saved by
+So the change is recorded (`status.plannedRestore`, by `StatusBuilder.restore_floor`: the
+first attempt of the changed gang and R), and a commit is resumable only when it is at or below R or was saved by
 that attempt or a later one (`Floor.admits`; commits that do not record their attempt,
 written by older trainers, are taken as before). The observer reads the newest
 resumable commit (`CheckpointStore.newest_resumable`) and names the newest one it
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from topotrain.api.status import PlannedRestoreStatus, TrainingJobStatus
+from topotrain.api.status import TrainingJobStatus
 from topotrain.checkpoints import CommittedCheckpoint
 from topotrain.core.reconcile_status import CheckpointView
 
@@ -50,12 +50,6 @@ def floor(status: TrainingJobStatus) -> Floor | None:
     """The floor the last planned change set (status.plannedRestore); None before any."""
     rec = status.planned_restore
     return None if rec is None else Floor(rec.reason, rec.attempt, rec.step)
-
-
-def record(status: TrainingJobStatus, reason: str, attempt: int, step: int | None) -> None:
-    """A planned change starts attempt `attempt` from `step`: from now on, commits of earlier
-    attempts after `step` are never resumed from."""
-    status.planned_restore = PlannedRestoreStatus(reason=reason, attempt=attempt, step=step)
 
 
 def explain(status: TrainingJobStatus, view: CheckpointView | None, step: int | None,

@@ -8,12 +8,19 @@ through `StatusBuilder` (reconcile_status.py).
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Iterable, Mapping, Set
+from typing import Literal
 
 from topotrain.api.spec import FailurePolicy
+from topotrain.api.status import (
+    CheckpointRequestStatus,
+    FailureRecord,
+    PlannedRestoreStatus,
+    Reason,
+)
 from topotrain.api.status import ConditionType as C
-from topotrain.api.status import FailureRecord, Reason
 from topotrain.core import elastic
+from topotrain.core.inplace import IN_PLACE
 from topotrain.core.node_failures import avoided_nodes, record_node_failures
 from topotrain.core.policy import APPLICATION, Failure, RestartDecision, used_budgets
 from topotrain.core.status_edits import NORMAL, WARNING, StatusEdits, iso
@@ -66,6 +73,41 @@ class LifecycleStatus(StatusEdits):
         self.set(C.RECOVERING, True, Reason.BACKOFF if verdict.delay_seconds else Reason.RESTARTED,
                  verdict.message)
 
+    def restarting_in_place(self, verdict: RestartDecision, next_attempt: int, kind: str,
+                            replaced: Mapping[int, str], kept: int, resume: int | None,
+                            why: str) -> None:
+        """A restart that keeps the healthy pods (moved to `next_attempt`) and replaces only the
+        failed indices (`replaced`: index -> its new node), resuming from `resume` (`why`:
+        resume.explain's words)."""
+        self.restarting(verdict, next_attempt, kind)
+        rec = self.status.recovery
+        assert rec is not None
+        rec.mode, rec.replaced_indices, rec.resume_step = IN_PLACE, sorted(replaced), resume
+        rec.resume_reason = why
+        self.status.attempt_start_time = iso(self.now)
+        step = "from scratch" if resume is None else f"from step {resume}"
+        step += f" ({why})"
+        where = ", ".join(f"index {i} on {n}" for i, n in sorted(replaced.items()))
+        message = (f"attempt {next_attempt} {step} in place: kept {kept} pod(s)"
+                   + (f", replacing {where}" if where else ""))
+        self.set(C.RECOVERING, True, Reason.RESTARTED_IN_PLACE, f"{message}; {verdict.message}")
+        self._event(NORMAL, Reason.RESTARTED_IN_PLACE, message)
+
+    def retargeting(self, attempt: int, next_attempt: int, step: int, missing: Iterable[int]) -> None:
+        """An in-place attempt whose replacement pods are still missing moves to `next_attempt`,
+        told the newer `step` (not a restart of its own: the budgets are untouched)."""
+        rec = self.status.recovery
+        assert rec is not None
+        told = rec.resume_step
+        rec.resume_step, rec.replaced_indices = step, sorted(missing)
+        rec.resume_reason = f"a newer commit than step {told}, the one attempt {attempt} was told"
+        self.status.attempt, self.status.attempt_start_time = next_attempt, iso(self.now)
+        message = (f"attempt {next_attempt} from step {step} in place: step {step} was committed "
+                   f"after attempt {attempt} was told step {told}, before its replacement pods "
+                   "were created")
+        self.set(C.RECOVERING, True, Reason.RESTARTED_IN_PLACE, message)
+        self._event(NORMAL, Reason.RESTARTED_IN_PLACE, message)
+
     def rolling(self, generation: int, next_attempt: int, resume: int | None) -> None:
         """The spec's pod template changed: a restart that uses no failure budget."""
         st = self.status
@@ -103,6 +145,36 @@ class LifecycleStatus(StatusEdits):
                    f"gang off before an eviction, {step}{degree}")  # fmt: skip
         self.set(C.RECOVERING, True, Reason.NODE_CORDONED, message)
         self._event(NORMAL, Reason.NODE_CORDONED, message)
+
+    def checkpoint_asked(self, request: CheckpointRequestStatus, message: str) -> None:
+        """A planned change asked the running gang for a checkpoint (planned.py)."""
+        self.status.checkpoint_request = request
+        self._event(NORMAL, Reason.CHECKPOINT_REQUESTED, message)
+
+    def checkpoint_served(self, step: int, message: str) -> None:
+        self._end_checkpoint_request("Committed", step)
+        self._event(NORMAL, Reason.CHECKPOINT_SERVED, message)
+
+    def checkpoint_timed_out(self, step: int | None, message: str) -> None:
+        """Not committed within its bound: the change goes ahead from `step` (the last commit)."""
+        self._end_checkpoint_request("TimedOut", step)
+        self._event(WARNING, Reason.CHECKPOINT_TIMED_OUT, message)
+
+    def checkpoint_cancelled(self) -> None:
+        """The change is no longer wanted; a checkpoint the trainer still saves is an ordinary commit."""
+        req = self.status.checkpoint_request
+        if req is not None:
+            req.state = "Cancelled"
+
+    def _end_checkpoint_request(self, state: Literal["Committed", "TimedOut"], step: int | None) -> None:
+        req = self.status.checkpoint_request
+        assert req is not None
+        req.state, req.step = state, step
+
+    def restore_floor(self, reason: str, attempt: int, step: int | None) -> None:
+        """A planned change starts attempt `attempt` from `step`: from now on, commits of earlier
+        attempts after `step` are never resumed from (status.plannedRestore, resume.py)."""
+        self.status.planned_restore = PlannedRestoreStatus(reason=reason, attempt=attempt, step=step)
 
     def suspending(self, attempt: int, why: str = "spec.suspend") -> None:
         """spec.suspend (or a Kueue eviction): the running gang was asked for a checkpoint and
