@@ -238,7 +238,8 @@ class StatusBuilder(LifecycleStatus):
         self.set(C.READY, False, Reason.PODS_PENDING, f"{running}/{expected} pods Running{why}")
 
     def pods_refused(self, reason: str, message: str) -> None:
-        """The API server refused pods of the gang (the edge reports it after acting)."""
+        """The API server refused pods of the gang: the edge saw it acting on the last pass's
+        launch (Observed.refusal), and this pass says it."""
         st = self.status
         if st.attempt == 0 and st.restarts == 0:
             st.phase, st.start_time = "Pending", None  # the first attempt never started
@@ -249,9 +250,10 @@ class StatusBuilder(LifecycleStatus):
 
     def pods_accepted(self, attempt: int, count: int) -> bool:
         """The API server took every pod of a launch after refusing earlier ones: the refusal
-        is over (True: the condition changed). Said by the edge right after creating, since the
-        next pass may never see those pods (deleted at once by a fault) and a stale refusal
-        would otherwise fail the job on `schedulingTimeoutSeconds` measured from long before."""
+        is over (True: the condition changed). Said from what the edge saw creating them
+        (Observed.accepted), not from the pods, since the next pass may never see those pods
+        (deleted at once by a fault) and a stale refusal would otherwise fail the job on
+        `schedulingTimeoutSeconds` measured from long before."""
         cond = self.status.condition(C.PODS_CREATED)
         if cond is None or cond.status != "False" or cond.reason not in REFUSAL_REASONS:
             return False
