@@ -98,34 +98,7 @@ def _message(d: Any, type_: str) -> str:
     return cond.message if cond is not None else ""
 
 
-# --- the handlers' side: Kueue's assigned nodes first, TAS pods marked -------------------------
-
-
-class _Fixed:
-    """A planner stand-in (unit-test fake) that returns one outcome and records its calls."""
-
-    def __init__(self, outcome: Any) -> None:
-        self.outcome, self.calls = outcome, 0
-
-    def plan(self, low: int, high: int) -> Any:
-        self.calls += 1
-        return self.outcome
-
-    def replan(self, previous: Any, lost: Any, low: int, high: int) -> Any:
-        self.calls += 1
-        return self.outcome
-
-
-def test_the_assigned_nodes_are_planned_on_first_and_the_flavor_only_when_they_do_not_fit() -> None:
-    from topotrain.core.planning import FirstFeasible, PlanOutcome
-
-    fits = PlanOutcome(feasible=True, assignments={0: "a", 1: "b"})
-    lost = PlanOutcome(feasible=False, reason=Reason.INSUFFICIENT_CAPACITY)
-    first, second = _Fixed(fits), _Fixed(fits)
-    assert FirstFeasible(first, second).plan(2, 2) is fits and second.calls == 0
-    first, second = _Fixed(lost), _Fixed(fits)
-    assert FirstFeasible(first, second).replan({0: "a"}, frozenset({"a"}), 2, 2) is fits
-    assert (first.calls, second.calls) == (1, 1)
+# --- the handlers' side: TAS pods marked (planning on Kueue's assignment: test_kueue_recovery.py) ---
 
 
 def test_pods_on_kueues_assigned_nodes_carry_the_tas_annotation_and_others_do_not() -> None:

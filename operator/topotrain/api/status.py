@@ -85,6 +85,9 @@ class Reason:
     WAITING_FOR_ADMISSION = "WaitingForAdmission"  # Kueue has not admitted the Workload yet
     KUEUE_ADMITTED = "AdmittedByKueue"
     EVICTED = "EvictedByKueue"  # Kueue took the admission back (preempted, ...): the gang stops
+    # A node of Kueue's topology assignment is lost and the gang does not fit on the rest: the
+    # operator evicts the Workload (reason NodeFailures) so Kueue assigns the job anew
+    HANDED_BACK = "HandedBackToKueue"
 
 
 def now_iso() -> str:

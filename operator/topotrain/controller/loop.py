@@ -35,10 +35,16 @@ from topotrain.controller.snapshot import Snapshot
 from topotrain.core import reconcile as rec
 from topotrain.core import transitions
 from topotrain.core.decision import Decision, Observed, PodsAccepted, Refusal
-from topotrain.core.kueue_admission import within_assignment
+from topotrain.core.kueue_admission import lost_assigned, within_assignment
 from topotrain.core.manifests import template_hash
 from topotrain.core.node_failures import avoided_nodes
-from topotrain.core.planning import FirstFeasible, LazyPlanner, PlacementPlanner, Planner, WouldPlan
+from topotrain.core.planning import (
+    LazyPlanner,
+    PlacementPlanner,
+    Planner,
+    WithinAssignment,
+    WouldPlan,
+)
 from topotrain.core.rank_table import RankTable
 from topotrain.core.reconcile_status import CheckpointView
 
@@ -262,11 +268,13 @@ class JobLoop:
             def build() -> Planner:
                 inventory = snapshot.inventory(self.key, labels, tolerations, selector, avoiding,
                                                uid=self.uid or None)  # fmt: skip
-                wide = PlacementPlanner(spec, inventory)
                 if view is None or not view.hosts:
-                    return wide
+                    return PlacementPlanner(spec, inventory)
+                # Kueue's topology assignment only: the flavor's other nodes may be promised to
+                # admitted workloads whose pods do not exist yet (a lost node: hand the job back).
                 assigned = within_assignment(inventory, view.hosts, spec.worker.gpus_per_pod)
-                return FirstFeasible(PlacementPlanner(spec, assigned), wide)
+                lost = lost_assigned(inventory, view.hosts, avoiding)
+                return WithinAssignment(PlacementPlanner(spec, assigned), lost)
             return build
 
         return Observed(
@@ -285,7 +293,10 @@ class JobLoop:
         )
 
     async def _settle_queue(self, view: QueueView, decision: Decision) -> None:
-        """Give back an evicted job's quota once its pods are gone; delete a finished job's Workload."""
+        """Hand a job that lost a node of its topology assignment back to Kueue; give back an evicted
+        job's quota once its pods are gone; delete a finished job's Workload."""
+        if decision.hand_back is not None:
+            await asyncio.to_thread(self.queue.hand_back, view, decision.hand_back)
         if decision.release_quota:
             await asyncio.to_thread(self.queue.release, view)
         if decision.status.phase in ("Succeeded", "Failed") and view.workload is not None:

@@ -10,8 +10,11 @@ it. topotrain plays the part Kueue's own job integrations play for a batch Job o
   Admitted False naming the ClusterQueue); once admitted, the planner sees only the nodes of
   Kueue's topology assignment (each with room for the pods Kueue put there), at the admitted
   size (a partial admission gives a smaller allowed data degree), and the pods it places there
-  carry a TAS annotation so Kueue counts them once; when they no longer fit there (a node of the
-  assignment was lost), the admitted ResourceFlavor's nodes;
+  carry a TAS annotation so Kueue counts them once; the flavor's other nodes are never used (Kueue
+  may have promised them to admitted workloads whose pods do not exist yet): when a node of the
+  assignment is lost and the gang no longer fits on the rest, the job is handed back to Kueue
+  (`hand_back`: the Workload evicted with reason NodeFailures, naming the node), stops and gives
+  its quota back as after any eviction, and Kueue admits it again with a new assignment;
 - when Kueue evicts it (a preemption, a deactivation), the gang checkpoints and stops as for
   spec.suspend, and once none of its pods is left the quota is given back (`release`), so Kueue
   requeues it and readmits it later; the gang then resumes from the newest commit;
@@ -123,6 +126,16 @@ class QueueLink:
         patch = kueue_admission.release_status(view.workload, iso(datetime.now(UTC)))
         self.kube.patch_workload(self.key[0], self.name, patch, status=True)
         log.info("%s/%s: the gang is stopped; gave back Workload %s's quota", *self.key, self.name)
+
+    def hand_back(self, view: QueueView, message: str) -> None:
+        """A node of the job's topology assignment is lost and the gang fits nowhere else in it:
+        evict the Workload (reason NodeFailures, as Kueue does when it finds no replacement), so
+        the gang stops, `release` clears the admission and Kueue assigns the job anew."""
+        if view.workload is None or view.gate.evicted or not view.gate.admitted:
+            return
+        patch = kueue_admission.hand_back_status(view.workload, message, iso(datetime.now(UTC)))
+        self.kube.patch_workload(self.key[0], self.name, patch, status=True)
+        log.info("%s/%s: handed Workload %s back to Kueue: %s", *self.key, self.name, message)
 
     def finish(self, view: QueueView) -> None:
         """The job finished: delete its Workload, freeing the quota at once."""

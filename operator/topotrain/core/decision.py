@@ -123,3 +123,6 @@ class Decision:
     # Kueue evicted the job and none of its pods is left: give the quota back (queue_link.py
     # clears the Workload's admission, so Kueue requeues it).
     release_quota: bool = False
+    # A node of Kueue's topology assignment is lost and the gang fits nowhere else in it: hand the
+    # job back to Kueue for a new assignment (queue_link.py evicts the Workload with this message).
+    hand_back: str | None = None

@@ -4,8 +4,9 @@
 turns it into the `QueueGate` the reconciler obeys (wait, run, or stop after an eviction);
 `admitted_data` is the data degree a partial admission allows; `release_status` gives an
 evicted Workload's quota back as Kueue's own job controllers do; `assigned_hosts` and
-`within_assignment` follow Kueue's topology assignment (TAS) down to the nodes. The I/O is
-controller/queue_link.py's.
+`within_assignment` follow Kueue's topology assignment (TAS) down to the nodes, `lost_assigned`
+names the assigned nodes a gang can no longer use, and `hand_back_status` evicts the Workload so
+Kueue assigns it anew. The I/O is controller/queue_link.py's.
 """
 
 from __future__ import annotations
@@ -181,9 +182,12 @@ def _explanation(
 # --- acting on Kueue's decision (controller/queue_link.py does the I/O) -------------------------
 
 REQUEUED = "Requeued"
+# Kueue's eviction reason when a node of a topology assignment failed and no replacement was
+# found (v1beta2 WorkloadEvictedDueToNodeFailures); the operator's hand-back uses it too.
+NODE_FAILURES = "NodeFailures"
 # Evictions after which Kueue's own job controllers mark the Workload Requeued=True, so it
 # goes back to its queue at once; after any other (a deactivation, a stopped queue) it waits.
-_REQUEUE_REASONS = ("Preempted", "NodeFailures")
+_REQUEUE_REASONS = ("Preempted", NODE_FAILURES)
 
 
 def gate(workload: Mapping[str, Any], resource: str = GPU_RESOURCE,
@@ -310,4 +314,44 @@ def within_assignment(inventory: Inventory, hosts: Mapping[str, int], gpus_per_p
              for name, info in inventory.nodes.items() if name in hosts}
     excluded = {**inventory.excluded, **{
         name: "not in Kueue's topology assignment" for name in inventory.nodes if name not in hosts}}
-    return Inventory(nodes=nodes, excluded=excluded, known=inventory.known)
+    # `known` keeps every node for the planner's sense of place (a lost node anchors where its
+    # replacement goes), but with no free GPU outside the cut: the incremental re-plan reads it.
+    known = {name: nodes.get(name) or replace(info, free=0) for name, info in inventory.known.items()}
+    return Inventory(nodes=nodes, excluded=excluded, known=known)
+
+
+def lost_assigned(inventory: Inventory, hosts: Mapping[str, int],
+                  avoided: frozenset[str] = frozenset()) -> dict[str, str]:
+    """The nodes of Kueue's topology assignment the gang can no longer use, and why: gone from
+    the cluster, not Ready, cordoned, a taint it does not tolerate (the inventory's reason), or
+    avoided after failing the job's pods. Nodes whose GPUs are merely taken are not lost."""
+    lost: dict[str, str] = {}
+    for name in sorted(hosts):
+        if name in inventory.nodes:
+            continue
+        if name in avoided:
+            lost[name] = "avoided: it failed this job's pods"
+        else:
+            lost[name] = inventory.excluded.get(name) or "no longer in the cluster"
+    return lost
+
+
+def hand_back_status(workload: Mapping[str, Any], message: str, now: str) -> dict[str, Any]:
+    """The status merge patch that hands an admitted Workload back to Kueue, as Kueue itself
+    evicts one whose assigned node failed with no replacement: Evicted True, reason NodeFailures,
+    `message` (naming the lost node), and no unhealthy nodes left for Kueue to replace. The gang
+    then stops as for any eviction and `release_status` clears the admission with Requeued True,
+    so Kueue admits the job again with a new topology assignment. The patch carries the
+    Workload's resourceVersion: a Workload Kueue changed meanwhile is not overwritten (the API
+    server refuses it, and the next pass decides again)."""
+    status = workload.get("status") or {}
+    meta = workload.get("metadata") or {}
+    conditions = [dict(c) for c in status.get("conditions") or [] if c.get("type") != EVICTED]
+    evicted: dict[str, Any] = {"type": EVICTED, "status": "True", "reason": NODE_FAILURES,
+                               "message": message[:32768], "lastTransitionTime": now}
+    if meta.get("generation") is not None:
+        evicted["observedGeneration"] = meta["generation"]
+    patch: dict[str, Any] = {"status": {"conditions": [*conditions, evicted], "unhealthyNodes": None}}
+    if meta.get("resourceVersion"):
+        patch["metadata"] = {"resourceVersion": meta["resourceVersion"]}
+    return patch

@@ -3,8 +3,8 @@
 `reconcile` asks a `Planner` bound to one job and one snapshot of the cluster
 (in which the job's own pods hold nothing, since every restart replaces the
 whole gang). The real one wraps `topotrain.placement` (`PlacementPlanner`, below); unit tests pass a table-driven fake.
-The operator's loop plans through two adapters (at the end): `FirstFeasible` (Kueue's assigned
-nodes first) and `LazyPlanner` (builds the inventory only when the reconciler asks for a plan).
+The operator's loop plans through two adapters (at the end): `WithinAssignment` (Kueue's assigned
+nodes only) and `LazyPlanner` (builds the inventory only when the reconciler asks for a plan).
 """
 
 from __future__ import annotations
@@ -137,21 +137,41 @@ class PlacementPlanner:
 # --- adapters the operator's loop plans through (controller/loop.py) -----------------------
 
 
-class FirstFeasible:
-    """Plans on `first` (Kueue's assigned nodes), and on `second` (the admitted flavor's
-    nodes) only when nothing fits on `first` (a node of the assignment was lost)."""
+class WithinAssignment:
+    """Plans on Kueue's topology assignment only (`planner`: on the inventory cut down to it,
+    kueue_admission.within_assignment), never on the admitted flavor's other nodes: Kueue may have
+    promised those to admitted workloads whose pods do not exist yet, and a gang placed there would
+    take them. `lost`: the assigned nodes the gang can no longer use, and why
+    (kueue_admission.lost_assigned).
 
-    def __init__(self, first: Planner, second: Planner) -> None:
-        self.first, self.second = first, second
+    When the gang does not fit and a node of the assignment is lost, the outcome says so (reason
+    HandedBackToKueue): the reconciler gives the job back to Kueue for a new assignment. When it
+    does not fit on healthy assigned nodes (their GPUs still held by pods on their way out), it
+    waits for room there.
+    """
+
+    def __init__(self, planner: Planner, lost: Mapping[str, str]) -> None:
+        self.planner, self.lost = planner, dict(lost)
 
     def plan(self, low: int, high: int) -> PlanOutcome:
-        outcome = self.first.plan(low, high)
-        return outcome if outcome.feasible else self.second.plan(low, high)
+        return self._said(self.planner.plan(low, high))
 
     def replan(self, previous: Mapping[int, str], lost: frozenset[str], low: int, high: int
                ) -> PlanOutcome:
-        outcome = self.first.replan(previous, lost, low, high)
-        return outcome if outcome.feasible else self.second.replan(previous, lost, low, high)
+        return self._said(self.planner.replan(previous, lost | frozenset(self.lost), low, high))
+
+    def _said(self, outcome: PlanOutcome) -> PlanOutcome:
+        if outcome.feasible:
+            return outcome
+        if not self.lost:
+            return replace(outcome, message=f"waiting for room on the nodes of Kueue's topology "
+                           f"assignment: {outcome.message}")
+        nodes = ", ".join(f"{name} ({why})" for name, why in sorted(self.lost.items()))
+        one = len(self.lost) == 1
+        return replace(outcome, reason=Reason.HANDED_BACK, message=(
+            f"{'node' if one else 'nodes'} {nodes} of Kueue's topology assignment "
+            f"{'is' if one else 'are'} lost and the gang does not fit on the rest: handed back to "
+            "Kueue for a new topology assignment"))
 
 
 class WouldPlan(Exception):

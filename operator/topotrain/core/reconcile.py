@@ -115,7 +115,7 @@ def _branch(obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
     if obs.spec.suspend:
         suspend(obs, sb, decision, attempt, current)
     elif queue is not None and queue.holds:
-        hold_for_queue(obs, sb, decision, attempt, current)
+        hold_for_queue(obs, sb, decision, attempt, current, queue)
     elif not current and sb.status.phase == "Running":
         # The Running gang vanished whole before a pass saw a pod go (a one-pod gang's pod
         # deleted, a lost node's pods collected): a failure, never a relaunch of the same attempt.
@@ -134,8 +134,13 @@ def _branch(obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
 
 def _afterwards(obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int) -> None:
     if obs.queue is not None and obs.queue.evicted:
-        # (spec.suspend too: it deactivates the Workload, which Kueue evicts)
-        decision.release_quota = not any(p.phase not in ("Failed", "Succeeded") for p in obs.pods)
+        # (spec.suspend too: it deactivates the Workload, which Kueue evicts). A pod deleted on a
+        # lost node holds no GPU Kueue could give anyone, and may stay Terminating until its node
+        # object goes: it does not hold the quota back (Kueue's Job integration counts such pods
+        # as terminating, not active, either).
+        decision.release_quota = not any(
+            p.phase not in ("Failed", "Succeeded") and not (p.terminating and not node_ready(obs, p.where))
+            for p in obs.pods)
     if sb.status.phase == "Running":
         decision.first_step = sb.first_step(obs.checkpoint)
     if sb.status.phase in ("Running", "Succeeded", "Failed"):

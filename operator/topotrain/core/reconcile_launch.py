@@ -60,6 +60,9 @@ def launch(
         return
     if outcome is None:
         outcome = _plan(obs, sb, previous)
+    if not outcome.feasible and outcome.reason == Reason.HANDED_BACK:
+        hand_back(sb, decision, outcome.message)
+        return
     if not outcome.feasible:
         sb.unschedulable(outcome.reason, outcome.message)
         decision.requeue_after = None  # node and pod events wake us when capacity changes
@@ -77,6 +80,17 @@ def launch(
         release=not blocking(obs, attempt, set(outcome.assignments.values())),
     )
     decision.placement_cost = outcome.cost
+
+
+def hand_back(sb: StatusBuilder, decision: Decision, message: str) -> None:
+    """Under Kueue, a node of the job's topology assignment is lost and the gang fits nowhere
+    else in it: rather than take nodes Kueue may have promised to other workloads, give the job
+    back to Kueue for a new assignment (the Workload is evicted with `message`; the gang stops
+    and the quota goes back as after any eviction, reconcile_suspend.py). Admitted turns False
+    saying so; nothing is created."""
+    sb.admission(False, Reason.HANDED_BACK, message)
+    decision.hand_back = message
+    decision.requeue_after = WAIT_SHORT  # the eviction's Workload event wakes us sooner
 
 
 def refused_too_long(obs: Observed, sb: StatusBuilder, decision: Decision) -> bool:

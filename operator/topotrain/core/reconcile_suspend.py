@@ -57,7 +57,7 @@ def admission(obs: Observed, sb: StatusBuilder, queue: QueueGate) -> None:
 
 def hold_for_queue(
     obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
-    current: list[policy.PodView],
+    current: list[policy.PodView], queue: QueueGate,
 ) -> None:
     """Kueue has not admitted the job, or evicted it: no gang runs.
 
@@ -67,6 +67,8 @@ def hold_for_queue(
     the preemptor's pods do not wait for GPUs still held).
     """
     if current or sb.status.start_time or sb.status.phase == "Suspended":
-        suspend(obs, sb, decision, attempt, current, why="evicted by Kueue",
+        # Kueue's words say why (a preemption, or the job handed back after losing a node)
+        why = queue.message if queue.evicted and queue.message else "evicted by Kueue"
+        suspend(obs, sb, decision, attempt, current, why=why,
                  reason=Reason.EVICTED, cause="evict", then="it resumes from the newest commit once Kueue "
                  "admits it again")

@@ -215,7 +215,8 @@ class LifecycleStatus(StatusEdits):
         """Kueue's decision on the job's Workload, as the Admitted condition (an Event when it
         changes)."""
         if self.set(C.ADMITTED, admitted, reason, message):
-            self._event(WARNING if reason == Reason.EVICTED else NORMAL, reason, message)
+            self._event(WARNING if reason in (Reason.EVICTED, Reason.HANDED_BACK) else NORMAL, reason,
+                        message)
 
     def failed(self, reason: str, message: str) -> None:
         st = self.status
