@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV = $(shell scripts/bootstrap.sh trainer | tail -n 1)
 BIN = $(shell testbed/build.sh | tail -n 1)
 # This checkout's code first: the cached venv is shared by every checkout on the machine.
-export PYTHONPATH := $(CURDIR)/operator:$(CURDIR)/trainer_image:$(CURDIR)
+export PYTHONPATH := $(CURDIR)/operator:$(CURDIR)/trainer_image:$(CURDIR)/sdk:$(CURDIR)
 
 .PHONY: help venv test chaos unit lint crds demo bench kind-e2e clean
 help:

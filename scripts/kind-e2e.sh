@@ -59,7 +59,7 @@ venv=$(scripts/bootstrap.sh trainer | tail -n 1)
 tb_bin=$(testbed/build.sh kubernetes etcd helm versitygw | tail -n 1)
 kind_bin=$(timed "kind binaries" scripts/kind/build-bins.sh | tail -n 1)
 export PATH="$kind_wrap:$venv/bin:$kind_bin:$tb_bin:$PATH"
-export PYTHONPATH="$root/operator:$root/trainer_image:$root${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$root/operator:$root/trainer_image:$root/sdk:$root${PYTHONPATH:+:$PYTHONPATH}"
 
 if [ $mode != test-up ]; then
   timed "images" scripts/kind/images.sh

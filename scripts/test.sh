@@ -69,7 +69,7 @@ venv=$(scripts/bootstrap.sh trainer | tail -n 1)
 stage end venv
 export PATH="$venv/bin:$PATH"
 # This checkout's code first: the cached venv is shared by every checkout on the machine.
-export PYTHONPATH="$root/operator:$root/trainer_image:$root${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$root/operator:$root/trainer_image:$root/sdk:$root${PYTHONPATH:+:$PYTHONPATH}"
 # mypy analyses torch on a cold cache (minutes): keep its cache with the other builds.
 export MYPY_CACHE_DIR=${MYPY_CACHE_DIR:-${TOPOTRAIN_CACHE:-$HOME/.cache/topotrain}/mypy}
 kueue_tests() {

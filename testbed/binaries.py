@@ -15,7 +15,7 @@ def code_path() -> str:
     The cached venv is shared by every checkout on the machine and its editable
     install points at whichever checkout bootstrapped last, so processes we
     start (trainer pods, the operator) get this checkout's code explicitly."""
-    return os.pathsep.join(str(REPO_ROOT / part) for part in ("operator", "trainer_image"))
+    return os.pathsep.join(str(REPO_ROOT / part) for part in ("operator", "trainer_image", "sdk"))
 
 
 def cache_dir() -> Path:

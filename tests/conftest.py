@@ -26,6 +26,13 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # the `testbed` package lives at the repo root
     sys.path.insert(0, str(REPO_ROOT))
+# The trainer SDK (sdk/topotrain_sdk, imported by the operator and the trainer) for shells whose
+# PYTHONPATH predates it (scripts/test.sh and the Makefile set it); subprocesses inherit it too.
+_SDK = str(REPO_ROOT / "sdk")
+if _SDK not in sys.path:
+    sys.path.insert(0, _SDK)
+if _SDK not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_SDK, os.environ.get("PYTHONPATH")]))
 
 from testbed.kube import Kube  # noqa: E402
 

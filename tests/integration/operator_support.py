@@ -75,7 +75,7 @@ class OperatorProcess:
 
     def start(self) -> OperatorProcess:
         # PYTHONPATH: this checkout's operator, whatever checkout the shared venv was installed from
-        path = os.pathsep.join(filter(None, [str(REPO / "operator"), os.environ.get("PYTHONPATH")]))
+        path = os.pathsep.join(filter(None, [str(REPO / "operator"), str(REPO / "sdk"), os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "TOPOTRAIN_RECONCILE_INTERVAL": "1",
                "TOPOTRAIN_CHECKPOINT_POLL": "1", "PYTHONPATH": path,
                "TOPOTRAIN_CHECKPOINT_ENDPOINTS": "127.0.0.1",  # the testbed's S3 server, on loopback

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = {"operator": "topotrain", "trainer_image": "topotrain_trainer"}
+PACKAGES = {"operator": "topotrain", "trainer_image": "topotrain_trainer", "sdk": "topotrain_sdk"}
 
 
 def copy_of_the_packages(tmp_path: Path) -> Path:
@@ -74,6 +74,7 @@ def test_a_planted_import_breaks_the_contract_that_forbids_it(
 # Where each tree's modules are imported from: bench/ scripts run with bench/ on sys.path, so
 # they import each other by their bare names.
 TREES = {"operator/topotrain": "operator", "trainer_image/topotrain_trainer": "trainer_image",
+         "sdk/topotrain_sdk": "sdk",
          "testbed": ".", "tests": ".", "scripts": ".", "bench": "bench"}
 
 

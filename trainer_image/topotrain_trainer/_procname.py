@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import sys
 
-SPARE_ENV = "TOPOTRAIN_WARM_SPARE"  # "1": the process is a warm spare (supervisor.await_activation)
+from topotrain_sdk.supervisor import SPARE_ENV as SPARE_ENV  # stdlib only, like this module
+
 SPARE_COMM = "topotrain-spare"  # a waiting spare's process name (/proc/PID/comm)
 
 

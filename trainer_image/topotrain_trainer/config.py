@@ -16,10 +16,13 @@ from typing import Any
 from topotrain.contract import DEFAULT_METRICS_PORT
 from topotrain.degrees import DEFAULT_GLOBAL_BATCH, DEFAULT_MICRO_BATCH, DEFAULT_SCHEDULE, BatchRule
 
+# The contract's exit codes: 78 EX_CONFIG; 76, a collective lost a peer in another pod (this
+# pod is healthy). Re-exported: the trainer imports them from here.
+from topotrain_sdk.contract import EXIT_BAD_CONFIG as EXIT_BAD_CONFIG
+from topotrain_sdk.contract import EXIT_PEER_LOST as EXIT_PEER_LOST
+
 from topotrain_trainer.model import MODEL_CONFIGS
 
-EXIT_BAD_CONFIG = 78
-EXIT_PEER_LOST = 76  # EX_PROTOCOL: a collective lost a peer in another pod; this pod is healthy
 SCHEDULES = ("1f1b", "gpipe")
 PRECISIONS = ("auto", "bf16", "fp32")
 

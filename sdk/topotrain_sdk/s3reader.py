@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
-from topotrain.checkpoints import CheckpointStore
+from topotrain_sdk.checkpoints import CheckpointStore
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
