@@ -30,12 +30,13 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
-from topotrain_sdk.checkpoints import CheckpointStore
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future as TorchFuture
+
+from topotrain_sdk.checkpoints import CheckpointStore
 
 METADATA = ".metadata"
 MiB = 1 << 20

@@ -8,7 +8,10 @@
    (save this step, wait for its COMMITTED, exit 75: `EXIT_STOPPED`; a rank stopped because
    another pod got SIGTERM exits 76), the operator's checkpoint request (save this step,
    training goes on), the interval's save (`TOPOTRAIN_CHECKPOINT_INTERVAL`);
-3. a hold (`spec.training.holdAtStep`/`holdAttempts`, a test aid: docs/trainer.md).
+3. a wait: after serving a planned stop's checkpoint request (a resize, a drain, a spec roll:
+   `contract.planned_stop_request`) no further step is trained until the operator's SIGTERM
+   (at most `spec.training.plannedStopSeconds`, default 120); or a hold
+   (`spec.training.holdAtStep`/`holdAttempts`, a test aid: docs/trainer.md).
 
 Saves are asynchronous (`dcp.Checkpointer`): `save` returns once this rank's state is
 copied to CPU; writing, uploading, the commit and retention run in the background.
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
 
 HEARTBEAT_SECONDS = 5.0
 HOLD_POLL_SECONDS = 0.5
+PLANNED_STOP_SECONDS = 120.0  # as the bundled trainer's training.plannedStopSeconds
 
 
 def process_start() -> datetime:
@@ -62,7 +66,10 @@ class Session:
         self.store = CheckpointStore(job.checkpoint_prefix) if job.checkpoint_prefix else None
         self.staging = staging or Path(tempfile.gettempdir()) / f"topotrain-{job.name or 'job'}"
         self.heartbeat_seconds = heartbeat_seconds
-        self.control = Control(job.rank)  # SIGTERM is acted on at the next step boundary
+        # SIGTERM is acted on at the next step boundary; after serving a planned stop's request
+        # the gang waits (up to spec.training.plannedStopSeconds) for the operator's SIGTERM.
+        pause = float(job.training.get("plannedStopSeconds", PLANNED_STOP_SECONDS))
+        self.control = Control(job.rank, attempt=job.attempt, pause_seconds=pause)
         self._checkpointer: Checkpointer | None = None
         self._heartbeat: Heartbeat | None = None
         self._last_beat: float | None = None
@@ -165,7 +172,7 @@ class Session:
         saves; raises SystemExit with the contract's exit code when the pod is stopping."""
         self.report_progress(step, **metrics)
         code = self.boundary(step, state)
-        if code is None and self.holding(step):
+        if code is None and (self.holding(step) or self.control.paused):
             code = self.hold(step, state)
         if code is not None:
             self.finish(step)
@@ -206,15 +213,17 @@ class Session:
                 and not self.released)  # fmt: skip
 
     def hold(self, step: int, state: Stateful) -> int | None:
-        """Wait at this boundary until released (topotrain.io/hold-release), serving checkpoint
-        requests and SIGTERM meanwhile; the exit code of a stop, else None."""
-        self.emit({"event": "held", "step": step})
-        while not self.released:
+        """Wait at this boundary while held (until topotrain.io/hold-release) or paused after a
+        planned stop's request (until the SIGTERM, the request called off, or its bound),
+        serving checkpoint requests and SIGTERM meanwhile; the exit code of a stop, else None."""
+        planned = self.control.paused
+        self.emit({"event": "paused" if planned else "held", "step": step})
+        while self.control.paused or self.holding(step):
             time.sleep(HOLD_POLL_SECONDS)
             code = self.boundary(step, state, held=True)
             if code is not None:
                 return code
-        self.emit({"event": "released", "step": step})
+        self.emit({"event": "resumed" if planned else "released", "step": step})
         return None
 
     def finish(self, step: int | None = None) -> None:
