@@ -63,7 +63,7 @@ def test_the_sdk_installs_and_runs_alone_in_a_fresh_venv(tmp_path: Path) -> None
     # The console entry point: two workers with torchrun's ranks, outside any TrainingJob.
     launched = subprocess.run(
         [str(venv / "bin" / "topotrain-launch"), "--", str(python), "-c",
-         "import os; print('worker', os.environ['RANK'], os.environ['WORLD_SIZE'])"],
+         "import os; os.write(1, f\"worker {os.environ['RANK']} {os.environ['WORLD_SIZE']}\\n\".encode())"],
         env={**env, "NPROC_PER_NODE": "2", "TOPOTRAIN_CONTROL_DIR": str(tmp_path)},
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip

@@ -25,8 +25,9 @@ import json, os, signal, sys, time
 keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
         "MASTER_PORT", "TOPOTRAIN_ATTEMPT", "TOPOTRAIN_RESUME_STEP")
 out = os.path.join(os.environ["OUT"], f"a{os.environ['TOPOTRAIN_ATTEMPT']}-r{os.environ['RANK']}")
-with open(out, "w") as f:
+with open(out + ".tmp", "w") as f:
     json.dump({k: os.environ.get(k) for k in keys}, f)
+os.replace(out + ".tmp", out)  # whole, or not there yet
 code = json.loads(os.environ["TOPOTRAIN_TEST_EXIT"]).get(os.environ["TOPOTRAIN_ATTEMPT"])
 if code is not None:
     sys.exit(code)
@@ -47,7 +48,7 @@ def launch(tmp_path: Path, exits: dict[str, int], **env: str) -> subprocess.Pope
 
 
 def seen(tmp_path: Path, attempt: int) -> dict[int, dict[str, str]]:
-    files = sorted((tmp_path / "out").glob(f"a{attempt}-r*"))
+    files = sorted(f for f in (tmp_path / "out").glob(f"a{attempt}-r*") if f.suffix != ".tmp")
     return {int(f.name.split("-r")[1]): json.loads(f.read_text()) for f in files}
 
 
