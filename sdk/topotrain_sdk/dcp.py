@@ -235,9 +235,11 @@ class Checkpointer:
         reports: list[Any] = [None] * dist.get_world_size(self.group)
         dist.all_gather_object(reports, (uploaded, upload_seconds, error), group=self.group)
         if self.rank == 0:
-            self._commit(step, reports, time.perf_counter() - began, request)
+            self.commit(step, reports, time.perf_counter() - began, request)
 
-    def _commit(self, step: int, reports: list[Any], seconds: float, request: str = "") -> None:
+    def commit(self, step: int, reports: list[Any], seconds: float, request: str = "") -> None:
+        """Rank 0: write COMMITTED once every rank's (bytes, seconds, error) report is clean,
+        then apply retention; a `checkpoint_failed` event otherwise."""
         failures = [f"rank {rank}: {error}" for rank, (_, _, error) in enumerate(reports) if error]
         total = sum(int(sent) for sent, _, _ in reports)
         if not failures:

@@ -11,12 +11,15 @@ used for the agreement (the session's gloo group).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from topotrain_sdk.session import Session
 
+if TYPE_CHECKING:
+    from topotrain_sdk.dcp import Checkpointer
 
-def _checkpointer(session: Session) -> Any:
+
+def _checkpointer(session: Session) -> Checkpointer:
     checkpointer = session.checkpointer()
     if checkpointer is None:
         raise ValueError("no checkpoint store: TOPOTRAIN_CHECKPOINT_URI is empty")
@@ -42,7 +45,7 @@ def upload_folder(session: Session, step: int, folder: Path | str) -> bool:
     reports: list[Any] = [None] * dist.get_world_size(checkpointer.group)
     dist.all_gather_object(reports, (sent, 0.0, error), group=checkpointer.group)
     if session.job.rank == 0:
-        checkpointer._commit(step, reports, 0.0, session.control.served)
+        checkpointer.commit(step, reports, 0.0, session.control.served)
     outcome = [checkpointer.committed == step]
     dist.broadcast_object_list(outcome, src=0, group=checkpointer.group)
     return bool(outcome[0])
