@@ -57,7 +57,8 @@ if TYPE_CHECKING:
 # The layout's paths and records are this module's names too: the trainer and the operator
 # import them from here.
 __all__ = [
-    "COMMITTED", "FAILURE", "OWNER", "PROGRESS", "STEP_PREFIX", "AttemptStart", "CheckpointError",
+    "COMMITTED", "FAILURE", "OWNER", "PROGRESS", "SCAN_PAGES", "SCAN_READS", "STEP_PREFIX",
+    "AttemptStart", "CheckpointError",
     "CheckpointStore", "CommittedCheckpoint", "PrefixOwner", "Progress", "ServedRequest",
     "WorkerFailure", "attempt_dir", "job_prefix", "operator_store", "split_uri", "step_dir",
 ]  # fmt: skip
