@@ -4,7 +4,9 @@ TrainingJobs labelled `kueue.x-k8s.io/queue-name` go through a ClusterQueue with
 two-GPU job: the operator creates each job's Workload, a job that does not fit waits with a
 condition naming the ClusterQueue and starts once Kueue admits it; a higher-priority job makes
 Kueue preempt a running one, which checkpoints, stops, gives its quota back, is readmitted when
-the other finishes and resumes from that checkpoint with every step trained once. The real
+the other finishes and resumes from that checkpoint with every step trained once; a job whose
+assigned node is lost is handed back to Kueue rather than take nodes Kueue promised to another
+admitted Workload. The real
 operator (the chart's RBAC), the real trainer (gloo on CPU), the pod process harness standing in
 for the kubelet.
 """
@@ -12,6 +14,7 @@ for the kubelet.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +22,7 @@ from typing import Any
 import pytest
 from topotrain.core.kueue_admission import TAS_POD_ANNOTATION, assigned_hosts
 
+from testbed.faults import node_not_ready, node_ready
 from testbed.harness_stack import Stack, step_losses
 from testbed.kueue import KueueStack
 from testbed.kueue_queues import Flavor, KueueQueues, pool_flavor, topology_levels
@@ -149,3 +153,94 @@ def test_a_preempted_job_checkpoints_stops_and_resumes_from_that_checkpoint_when
     everything = [e for a in sorted(runs) for e in runs[a]]
     logged = set(step_losses(everything))
     assert set(range(1, steps + 1)) <= logged, "a step was lost between the eviction and the resume"
+
+
+@pytest.fixture
+def whole_pool_queue(kueue: KueueStack, stack: Stack) -> Iterator[KueueQueues]:
+    """A ClusterQueue with quota for the whole tiny-h100 pool (four 8-GPU nodes) and a LocalQueue
+    in the test's namespace."""
+    pool = next(p for p in parse_topology(TESTBED_TOPOLOGY).pools if p.name == "tiny-h100")
+    made = KueueQueues(f"e2e-{uuid.uuid4().hex[:6]}", stack.namespace,
+                       topology_levels(parse_topology(TESTBED_TOPOLOGY)), (pool_flavor(pool),))
+    kueue.apply(made.manifests())
+    kueue.wait_cluster_queue_active(made.cluster_queue)
+    yield made
+    kinds = "clusterqueues.kueue.x-k8s.io,resourceflavors.kueue.x-k8s.io,topologies.kueue.x-k8s.io"
+    names = [made.cluster_queue, made.topology, *(made.flavor_name(f) for f in made.flavors)]
+    stack.kubectl("delete", kinds, *names, "--ignore-not-found", "--wait=false", check=False)
+
+
+def _reservation(namespace: str, queue: str, nodes: int) -> dict[str, Any]:
+    """A Workload of `nodes` whole-node pods that are never created: once admitted, Kueue has
+    promised those nodes, though no pod runs on them (they look free to anyone else)."""
+    container = {"name": "w", "image": "testbed.invalid/worker:0",
+                 "resources": {"requests": {GPU_RESOURCE: "8"}, "limits": {GPU_RESOURCE: "8"}}}
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+        "metadata": {"name": "promised", "namespace": namespace},
+        "spec": {"queueName": queue, "podSets": [{
+            "name": "workers", "count": nodes,
+            "template": {"spec": {"restartPolicy": "Never", "containers": [container]}},
+            "topologyRequest": {"preferred": topology_levels(parse_topology(TESTBED_TOPOLOGY)).block},
+        }]},
+    }
+
+
+def test_a_job_that_loses_its_assigned_node_is_handed_back_to_kueue_never_taking_promised_nodes(
+    stack: Stack, whole_pool_queue: KueueQueues, kueue: KueueStack,
+) -> None:
+    """Kueue promised three of the four nodes to an admitted Workload whose pods do not exist yet;
+    the job runs on the fourth. That node goes NotReady: the gang does not fit on the rest of its
+    assignment, and the promised nodes look free, but the job is handed back to Kueue (naming the
+    node) and waits for it rather than take them; the node back, Kueue admits it again and it
+    resumes from its checkpoint, every step trained."""
+    queue = whole_pool_queue
+    kueue.apply([_reservation(stack.namespace, queue.local_queue, nodes=3)])
+    wait_until(lambda: assigned_hosts(_workload_named(stack, "promised") or {}, HOSTNAME_LABEL),
+               timeout=60, what="the reservation admitted with a topology assignment")  # fmt: skip
+    promised = set(assigned_hosts(_workload_named(stack, "promised") or {}, HOSTNAME_LABEL) or {})
+    assert len(promised) == 3, promised
+    steps = 16
+    spec = _job(steps=steps, interval=4, hold=6)
+    spec["failurePolicy"] = {"backoffSeconds": 0, "maxRestarts": 3}
+    stack.apply_job("kept", spec, {QUEUE_LABEL: queue.local_queue})
+    wait_until(lambda: last_step(attempts(stack, "kept").get(0, [])) >= 6, timeout=JOB_TIMEOUT,
+               what="kept training, held at step 6")  # fmt: skip
+    ours = {p["spec"]["nodeName"] for p in stack.pods("kept")}
+    assert len(ours) == 1 and not ours & promised, (ours, promised)
+    lost = ours.pop()
+    node_not_ready(stack.kubeconfig, lost)
+    try:
+        def handed_back(job: dict[str, Any]) -> bool:
+            said = [_condition(job, kind).get("message", "") for kind in ("Admitted", "Suspended")]
+            return any(f"node {lost} (not Ready)" in m and "handed back to Kueue for a new topology "
+                       "assignment" in m for m in said)
+        job = stack.wait_job("kept", handed_back, timeout=180, what="kept handed back to Kueue")
+        events = json.loads(stack.kubectl("-n", stack.namespace, "get", "events", "-o", "json",
+                                          "--field-selector", "involvedObject.name=kept").stdout)
+        warned = [e for e in events["items"] if e.get("reason") == "HandedBackToKueue"]
+        assert warned and lost in warned[0]["message"] and warned[0]["type"] == "Warning", events
+        # Requeued and waiting: no admission while its node is down, and no pod of it on a node
+        # Kueue promised to the other Workload.
+        wait_until(lambda: not ((_workload(stack, "kept") or {}).get("status") or {}).get("admission"),
+                   timeout=120, what="kept's admission cleared (quota given back)")  # fmt: skip
+        for _ in range(5):
+            placed = {p["spec"].get("nodeName") or "" for p in stack.pods("kept")} - {""}
+            assert not placed & promised, (placed, promised, job["status"])
+            time.sleep(2)
+        assert _condition(stack.job("kept"), "Admitted")["status"] == "False"
+    finally:
+        node_ready(stack.kubeconfig, lost)
+    done = stack.wait_job("kept", phase_is("Succeeded"), timeout=JOB_TIMEOUT, what="kept Succeeded")
+    assert _condition(done, "Admitted")["status"] == "True"
+    runs = attempts(stack, "kept")
+    everything = [e for a in sorted(runs) for e in runs[a]]
+    assert set(range(1, steps + 1)) <= set(step_losses(everything)), "a step was lost"
+    assert of_kind(runs[max(runs)], "restored"), "the readmitted gang resumed from a checkpoint"
+
+
+def _workload_named(stack: Stack, name: str) -> dict[str, Any] | None:
+    got = stack.kubectl("-n", stack.namespace, "get", f"workloads.kueue.x-k8s.io/{name}",
+                        "-o", "json", "--ignore-not-found", check=False).stdout  # fmt: skip
+    found: dict[str, Any] | None = json.loads(got) if got.strip() else None
+    return found
