@@ -236,7 +236,8 @@ def test_a_pod_the_api_server_says_is_gone_leaves_every_later_snapshot() -> None
     alive = with_uid(job_pod("old-uid", 0, 1, "n1"), "pod-b")
 
     class GoneKube:  # the unit-test boundary: the API server answers 404 for llm-0-0
-        def delete_pods(self, namespace: str, names: list[str], grace: int) -> list[str]:
+        def delete_pods(self, namespace: str, names: list[str], grace: int,
+                        seen: Any = None) -> list[str]:
             return [n for n in names if n == "llm-0-0"]
 
     actuator = Actuator(kube=GoneKube(), settings=Settings(), ledger=Ledger())  # type: ignore[arg-type]

@@ -8,7 +8,7 @@ from topotrain.controller.settings import Settings, SettingsError, parse
 
 def test_defaults() -> None:
     s = Settings.from_env({})
-    assert (s.metrics_port, s.health_port, s.peering, s.namespaces) == (9090, 8080, "topotrain", ())
+    assert (s.metrics_port, s.health_port, s.lease_name, s.namespaces) == (9090, 8080, "topotrain", ())
     assert s.cluster_wide and not s.standalone
     assert s.labels.rack == "topology.topotrain.io/rack" and s.labels.nvlink == "nvidia.com/gpu.clique"
 
@@ -21,9 +21,14 @@ def test_defaults() -> None:
         ({"TOPOTRAIN_METRICS_PORT": "9100"}, [], "metrics_port", 9100),
         ({"TOPOTRAIN_METRICS_PORT": "9100"}, ["--metrics-port", "0"], "metrics_port", 0),
         ({"TOPOTRAIN_HEALTH_PORT": "8081"}, [], "health_port", 8081),
-        ({"TOPOTRAIN_PEERING": "blue"}, [], "peering", "blue"),
-        ({"TOPOTRAIN_PEERING": "blue"}, ["--standalone"], "peering", ""),
-        ({}, ["--peering", "green"], "peering", "green"),
+        ({"TOPOTRAIN_LEASE_NAME": "blue"}, [], "lease_name", "blue"),
+        ({"TOPOTRAIN_LEASE_NAME": "blue"}, ["--standalone"], "lease_name", ""),
+        ({}, ["--lease-name", "green"], "lease_name", "green"),
+        ({}, [], "lease_duration", 15.0),
+        ({}, [], "renew_deadline", 10.0),
+        ({}, [], "retry_period", 2.0),
+        ({"TOPOTRAIN_LEASE_DURATION": "30", "TOPOTRAIN_RENEW_DEADLINE": "20"}, [], "renew_deadline", 20.0),
+        ({"TOPOTRAIN_IDENTITY": "replica-a"}, [], "identity", "replica-a"),
         ({"TOPOTRAIN_S3_ENDPOINT": "http://s3:9000"}, [], "s3_endpoint", "http://s3:9000"),
         ({"TOPOTRAIN_RECONCILE_INTERVAL": "2.5"}, [], "reconcile_interval", 2.5),
         ({"TOPOTRAIN_RECOVERY": "recreate"}, [], "recovery", "recreate"),
@@ -60,17 +65,26 @@ def test_bad_values_name_the_variable(env: dict[str, str]) -> None:
         Settings.from_env(env)
 
 
-def test_replicas_get_distinct_peering_priorities_unless_pinned() -> None:
-    # kopf pauses every replica that sees a peer of the same priority: HA needs them distinct.
-    priorities = {Settings.from_env({}).peering_priority for _ in range(20)}
-    assert len(priorities) > 1
-    assert Settings.from_env({"TOPOTRAIN_PEERING_PRIORITY": "7"}).peering_priority == 7
-    with pytest.raises(SettingsError, match="TOPOTRAIN_PEERING_PRIORITY"):
-        Settings.from_env({"TOPOTRAIN_PEERING_PRIORITY": "high"})
+def test_replicas_get_distinct_identities_unless_named() -> None:
+    # Two replicas with one identity would both count as the Lease's holder.
+    assert len({Settings.from_env({}).identity for _ in range(20)}) == 20
 
 
-def test_peering_lifetime_bounds_a_standby_takeover_and_refuses_too_short() -> None:
-    assert Settings.from_env({}).peering_lifetime == 30
-    assert Settings.from_env({"TOPOTRAIN_PEERING_LIFETIME": "45"}).peering_lifetime == 45
-    with pytest.raises(SettingsError, match="TOPOTRAIN_PEERING_LIFETIME=5: must be at least 10"):
-        Settings.from_env({"TOPOTRAIN_PEERING_LIFETIME": "5"})
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [({"TOPOTRAIN_RENEW_DEADLINE": "15"}, "TOPOTRAIN_RENEW_DEADLINE=15 < TOPOTRAIN_LEASE_DURATION=15"),
+     ({"TOPOTRAIN_RETRY_PERIOD": "10"}, "TOPOTRAIN_RETRY_PERIOD=10 < TOPOTRAIN_RENEW_DEADLINE=10"),
+     ({"TOPOTRAIN_RETRY_PERIOD": "0"}, "TOPOTRAIN_RETRY_PERIOD=0"),
+     ({"TOPOTRAIN_LEASE_DURATION": "15.5"}, "TOPOTRAIN_LEASE_DURATION=15.5: whole seconds")],
+)
+def test_a_leader_must_stop_before_its_lease_can_expire(env: dict[str, str], words: str) -> None:
+    """Renew deadline < lease duration (and a retry within the deadline), or it is refused."""
+    with pytest.raises(SettingsError, match=words):
+        Settings.from_env(env)
+
+
+def test_the_lease_lives_in_the_operators_namespace_else_the_first_watched_one() -> None:
+    assert Settings.from_env({"TOPOTRAIN_LEASE_NAMESPACE": "ops"}).lease_home({"POD_NAMESPACE": "x"}) == "ops"
+    assert Settings.from_env({"TOPOTRAIN_NAMESPACES": "a,b"}).lease_home({"POD_NAMESPACE": "x"}) == "x"
+    assert Settings.from_env({"TOPOTRAIN_NAMESPACES": "a,b"}).lease_home({}) == "a"
+    assert Settings.from_env({}).lease_home({}) == "default"

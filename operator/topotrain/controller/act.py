@@ -27,6 +27,7 @@ from topotrain.controller.snapshot import Ledger
 from topotrain.core.decision import Decision, Launch
 from topotrain.core.kueue_admission import TAS_POD_ANNOTATION
 from topotrain.core.manifests import (
+    ATTEMPT_LABEL,
     JobMeta,
     PodPlan,
     network_policy,
@@ -40,6 +41,8 @@ from topotrain.core.rank_table import rank_table
 
 log = logging.getLogger("topotrain.act")
 RELEASED_MEMORY = 60.0  # seconds a released pod is not released again (a repeat would be a 422)
+# The operator replica (Settings.identity, the Lease's holder) that created a pod.
+CREATED_BY_ANNOTATION = "topotrain.io/created-by"
 
 
 class Actuator:
@@ -63,6 +66,9 @@ class Actuator:
         self._ended: tuple[str, str] | None = None  # (namespace, uid) of a loop that ended meanwhile
         self._created: frozenset[str] = frozenset()  # the pods the apply in flight has created
         self._mutex = threading.Lock()
+        # The job's pods as the pass's decision saw them (name -> slim pod, from the watch): a
+        # delete or relabel applies only to that version of the pod (kube.py's preconditions).
+        self.seen: Mapping[str, Mapping[str, Any]] = {}
 
     async def apply_in_thread(self, key: JobKey, body: Mapping[str, Any], spec: TrainingJobSpec,
                               decision: Decision) -> dict[str, str]:
@@ -104,14 +110,23 @@ class Actuator:
         refused: dict[str, str] = {}
         self.problem, self.gone, self._created = None, [], frozenset()
         if decision.delete:
-            self.gone += self.kube.delete_pods(namespace, decision.delete, self.settings.pod_grace_seconds)
+            versions = {name: (str(meta["uid"]), str(meta.get("resourceVersion") or ""))
+                        for name in decision.delete
+                        if (meta := (self.seen.get(name) or {}).get("metadata") or {}).get("uid")}
+            self.gone += self.kube.delete_pods(namespace, decision.delete, self.settings.pod_grace_seconds,
+                                               versions)
             for name in decision.delete:
                 self.ledger.forget(namespace, name)
         if decision.relabel is not None:
-            # Kept pods move to the in-place attempt before its replacement pods exist.
+            # Kept pods move to the in-place attempt before its replacement pods exist; each only
+            # if it is still at the attempt the decision saw (else the pass ends: StaleWrite).
             move = decision.relabel
-            self.gone += self.kube.patch_pods(namespace, list(move.pods), restart_in_place_patch(
-                move.attempt, move.resume_step, move.master_addr))
+            patch = restart_in_place_patch(move.attempt, move.resume_step, move.master_addr)["metadata"]
+            attempts = {name: str(labels[ATTEMPT_LABEL]) for name in move.pods
+                        if ATTEMPT_LABEL in (labels := _labels(self.seen.get(name)))}
+            self.gone += self.kube.relabel_pods(namespace, attempts, ATTEMPT_LABEL, patch)
+            if unseen := [name for name in move.pods if name not in attempts]:
+                self.gone += self.kube.patch_pods(namespace, unseen, {"metadata": patch})
         if decision.checkpoint_request is not None:
             # The trainer reads its pod's annotations through the control volume.
             ask = decision.checkpoint_request
@@ -167,6 +182,7 @@ class Actuator:
             for i in launch.only or tuple(sorted(launch.assignments))
         ]
         for manifest, i in zip(manifests, launch.only or sorted(launch.assignments), strict=True):
+            manifest["metadata"].setdefault("annotations", {})[CREATED_BY_ANNOTATION] = settings.identity
             if launch.assignments[i] in self.tas_hosts:
                 manifest["metadata"].setdefault("annotations", {})[TAS_POD_ANNOTATION] = (
                     settings.labels.block)
@@ -207,6 +223,16 @@ class Actuator:
         if launch.release and _gated(manifests):
             self._release(job.namespace, every)
         return {}
+
+
+def acts(decision: Decision) -> bool:
+    """Whether the pass goes on to change pods or the Workload after its status write."""
+    return bool(decision.delete or decision.launch or decision.relabel or decision.release
+                or decision.checkpoint_request or decision.release_quota)
+
+
+def _labels(pod: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return ((pod or {}).get("metadata") or {}).get("labels") or {}
 
 
 def _gated(manifests: list[dict[str, Any]]) -> bool:

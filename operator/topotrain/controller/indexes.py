@@ -64,6 +64,7 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "metadata": {
             "name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
             "labels": dict(meta.get("labels") or {}),
             "annotations": {
                 key: annotations[key]

@@ -25,7 +25,7 @@ from kubernetes.client.exceptions import ApiException as ApiException  # re-expo
 from topotrain import GROUP, PLURAL, VERSION
 from topotrain.api.status import Reason
 from topotrain.contract import ACCESS_KEY_ID, SECRET_ACCESS_KEY
-from topotrain.controller.status_patch import status_patch
+from topotrain.controller.status_patch import pointer, status_patch
 from topotrain.core.kueue import KUEUE_GROUP, KUEUE_VERSION
 from topotrain.core.manifests import FIELD_OWNER
 from topotrain.core.ownership import ForeignObject, controller_owner, foreign_message, owned_by
@@ -41,6 +41,23 @@ PASS_THREADS = 16  # the event loop's worker threads (main.py): the passes' bloc
 # calls found the pool full, and each call past it paid a TLS handshake on a busy API server.)
 CONNECTIONS = WORKERS + PASS_THREADS
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"  # the resyncs' LISTs
+
+
+class NotLeader(Exception):
+    """A write was about to be made by a replica that does not hold the Lease (leader.py)."""
+
+
+class StaleWrite(ApiException):
+    """The API server refused a write as stale: the object changed since the pass read it (409),
+    or a pod's attempt label is no longer the one the pass saw. The pass ends; the next one
+    decides again from fresh state."""
+
+    def __init__(self, what: str, exc: ApiException) -> None:
+        super().__init__(status=exc.status, reason=f"{what}: {api_message(exc)}")
+
+
+def _no_fence() -> None:
+    return None
 
 
 class SecretProblem(Exception):
@@ -99,6 +116,8 @@ class Kube:
         self.custom = client.CustomObjectsApi(self.api)
         self.networking = client.NetworkingV1Api(self.api)
         self.pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="topotrain-kube")
+        # Called before every write: raises NotLeader when this replica may not act (leader.py).
+        self.fence: Callable[[], None] = _no_fence
 
     # --- the TrainingJob -----------------------------------------------------
 
@@ -114,14 +133,24 @@ class Kube:
         return job
 
     def patch_status(self, namespace: str, name: str, old: Mapping[str, Any],
-                     new: Mapping[str, Any], uid: str | None = None) -> None:
+                     new: Mapping[str, Any], uid: str | None = None,
+                     resource_version: str | None = None) -> str:
         """Write status `new` over `old` (what the object holds), on the object `uid` only: a
         namesake re-created meanwhile, or a phase other than `old`'s (another writer moved the
-        job), fails the patch's test (422) and is left untouched."""
-        self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, name, status_patch(old, new, uid),
-            field_manager=FIELD_OWNER, _content_type="application/json-patch+json",
-        )
+        job), fails the patch's test (422) and is left untouched; a `resource_version` that is
+        no longer the object's raises StaleWrite (409). Returns the object's resourceVersion."""
+        self.fence()
+        try:
+            written = self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, name,
+                status_patch(old, new, uid, resource_version),
+                field_manager=FIELD_OWNER, _content_type="application/json-patch+json",
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                raise StaleWrite(f"TrainingJob {namespace}/{name} changed since it was read", exc) from None
+            raise
+        return str((cast(dict[str, Any], written).get("metadata") or {}).get("resourceVersion") or "")
 
     # --- children ------------------------------------------------------------
 
@@ -151,6 +180,7 @@ class Kube:
         manifest's owner: a user's object is never taken over. Only our own is applied with
         force (to win back fields someone edited).
         """
+        self.fence()
         kind, meta = manifest["kind"], manifest["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         ours = controller_owner(meta)
@@ -180,6 +210,7 @@ class Kube:
 
         def one(manifest: dict[str, Any]) -> str | None:
             meta = manifest["metadata"]
+            self.fence()
             try:
                 self.core.create_namespaced_pod(
                     meta["namespace"], cast(Any, manifest), field_manager=FIELD_OWNER
@@ -253,6 +284,7 @@ class Kube:
         errors raise, except the statuses in `tolerated`."""
 
         def one(name: str) -> str | None:
+            self.fence()
             try:
                 call(name)
             except ApiException as exc:
@@ -278,10 +310,43 @@ class Kube:
             _content_type="application/merge-patch+json",
         ))
 
-    def delete_pods(self, namespace: str, names: list[str], grace_seconds: int) -> list[str]:
-        return self._each_pod(names, lambda name: self.core.delete_namespaced_pod(
-            name, namespace, grace_period_seconds=grace_seconds, propagation_policy="Background",
-        ))
+    def relabel_pods(self, namespace: str, seen: Mapping[str, str], label: str,
+                     patch: Mapping[str, Mapping[str, str]]) -> list[str]:
+        """Set `patch`'s labels and annotations on each pod of `seen` whose `label` still holds
+        the value the pass saw (`seen`: name -> value); raises StaleWrite when one's does not."""
+        def ops(name: str) -> list[dict[str, Any]]:
+            test = [{"op": "test", "path": f"/metadata/labels/{pointer(label)}", "value": seen[name]}]
+            return test + [{"op": "add", "path": f"/metadata/{part}/{pointer(key)}", "value": value}
+                           for part, values in patch.items() for key, value in values.items()]
+
+        def one(name: str) -> None:
+            try:
+                self.core.patch_namespaced_pod(name, namespace, ops(name), field_manager=FIELD_OWNER,
+                                               _content_type="application/json-patch+json")
+            except ApiException as exc:
+                if exc.status == 422:
+                    raise StaleWrite(f"pod {namespace}/{name}'s {label} is no longer {seen[name]}", exc) from None
+                raise
+
+        return self._each_pod(list(seen), one)
+
+    def delete_pods(self, namespace: str, names: list[str], grace_seconds: int,
+                    seen: Mapping[str, tuple[str, str]] | None = None) -> list[str]:
+        """Delete pods; those in `seen` (name -> (uid, resourceVersion)) only if they are still
+        that version of that pod (else StaleWrite: the pod changed since the pass read it)."""
+        def one(name: str) -> None:
+            known = (seen or {}).get(name)
+            body = None if known is None else client.V1DeleteOptions(
+                preconditions=client.V1Preconditions(uid=known[0], resource_version=known[1] or None))
+            try:
+                self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace_seconds,
+                                                propagation_policy="Background", body=body)
+            except ApiException as exc:
+                if exc.status == 409 and known is not None:
+                    raise StaleWrite(f"pod {namespace}/{name} changed since it was read", exc) from None
+                raise
+
+        return self._each_pod(names, one)
 
     def rank_table(self, namespace: str, job: str, uid: str | None = None) -> RankTable | None:
         """The job's rank table; with `uid`, raises ForeignObject when another owns the ConfigMap."""
@@ -313,6 +378,7 @@ class Kube:
         """Create the job's Workload; AlreadyExists returns the one there (the caller checks
         whose it is)."""
         meta = manifest["metadata"]
+        self.fence()
         try:
             return cast(dict[str, Any], self.custom.create_namespaced_custom_object(
                 KUEUE_GROUP, KUEUE_VERSION, meta["namespace"], "workloads", dict(manifest),
@@ -327,6 +393,7 @@ class Kube:
 
     def delete_workload(self, namespace: str, name: str, uid: str) -> None:
         """Delete the Workload `uid` (a namesake created meanwhile stays; gone is fine)."""
+        self.fence()
         try:
             self.custom.delete_namespaced_custom_object(
                 KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", name,
@@ -339,6 +406,7 @@ class Kube:
     def patch_workload(self, namespace: str, name: str, patch: Mapping[str, Any],
                        status: bool = False) -> None:
         """A JSON merge patch on the Workload (its status subresource with `status`)."""
+        self.fence()
         call = (self.custom.patch_namespaced_custom_object_status if status
                 else self.custom.patch_namespaced_custom_object)
         call(KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", name, dict(patch),

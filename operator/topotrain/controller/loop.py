@@ -24,9 +24,10 @@ from pydantic import ValidationError
 
 from topotrain.api.spec import TrainingJobSpec
 from topotrain.api.status import ConditionType, TrainingJobStatus
-from topotrain.controller.act import Actuator
+from topotrain.controller.act import Actuator, acts
 from topotrain.controller.health import PASSES
 from topotrain.controller.indexes import IndexedNodes, JobKey, index_values, job_pods_key
+from topotrain.controller.kube import NotLeader, StaleWrite
 from topotrain.controller.metrics import METRICS
 from topotrain.controller.observe import Observer
 from topotrain.controller.process import Operator
@@ -68,6 +69,7 @@ class JobLoop:
         self.accepted: PodsAccepted | None = None
         self.queue = QueueLink(op.kube, key, self.uid, op.settings.labels)
         self.queue_view: QueueView | None = None  # this pass's reading of the Kueue Workload
+        self.version: str | None = None  # the job's resourceVersion this loop's next write tests
 
     async def run(self, stopped: kopf.DaemonStopped, pods: kopf.Index[str, Any],
                   nodes: kopf.Index[str, Any]) -> None:
@@ -77,9 +79,14 @@ class JobLoop:
         try:
             while not stopped:
                 event.clear()
+                if self.op.leader is not None and not await self.op.leader.wait_acting(1.0):
+                    continue  # a standby: only the Lease's holder runs passes
                 try:
                     await self.op.resync_if_due(pods, nodes)
                     requeue = await self.pass_once(pods, nodes, stopped)
+                except (NotLeader, StaleWrite) as exc:  # the pass ends; the next decides afresh
+                    log.info("%s/%s: pass ended before acting on it: %s", *self.key, exc)
+                    requeue = 0.2
                 except Exception:  # one job's trouble never stops the others
                     log.exception("reconcile of %s/%s failed; retrying", *self.key)
                     requeue = self.op.settings.reconcile_interval
@@ -101,6 +108,7 @@ class JobLoop:
         """Observe, decide (pure), write the status once, act; the seconds until the next pass
         (None: when something changes)."""
         started = time.perf_counter()
+        self.version = self.op.read_version(self.key, self.uid, self.body)
         status = TrainingJobStatus.model_validate(self._status_read())
         try:
             spec = TrainingJobSpec.model_validate(dict(self.body.get("spec") or {}))
@@ -128,7 +136,9 @@ class JobLoop:
         try:
             # Intent first: the status (attempt, restarts, failure) is durable before any pod
             # changes, so an operator killed at any line resumes without losing or repeating it.
-            await self._write_status(decision.status)
+            # Written even when unchanged if the pass acts: the API server checks that the job is
+            # still the version this pass decided from (a fence against a stale view).
+            await self._write_status(decision.status, fenced=acts(decision))
         except BaseException:
             self.actuator.unreserve(self.key, decision)  # nothing was created: free the GPUs now
             raise
@@ -194,7 +204,12 @@ class JobLoop:
         """Carry the decision out; keep the API server's answer to its pod creates for the next
         pass (`refusal`, `accepted`), and post the pass's Events."""
         self.actuator.tas_hosts = frozenset(view.hosts or ()) if view is not None else frozenset()
-        refused = await self.actuator.apply_in_thread(self.key, self.body, spec, decision)
+        self.actuator.seen = {str(p["metadata"]["name"]): p for p in look.pods}
+        try:
+            refused = await self.actuator.apply_in_thread(self.key, self.body, spec, decision)
+        except (NotLeader, StaleWrite):
+            self.actuator.unreserve(self.key, decision)  # the pods it created show up in the watch
+            raise
         if self.actuator.gone and (ghosts := self.op.ghosts.mark(look.pods, self.key[0], self.actuator.gone)):
             # Mostly a deletion the watch has not delivered yet; sometimes one it never will.
             log.info("%s/%s: the API server has no pod %s though the watch cache shows it: "
@@ -302,20 +317,25 @@ class JobLoop:
         if decision.status.phase in ("Succeeded", "Failed") and view.workload is not None:
             await asyncio.to_thread(self.queue.finish, view)
 
-    async def _write_status(self, status: TrainingJobStatus) -> None:
+    async def _write_status(self, status: TrainingJobStatus, fenced: bool = False) -> None:
+        """Write the status if it changed, or with `fenced` (the pass goes on to touch pods)
+        anyway: either way only onto the version of the job the pass read (StaleWrite)."""
         wire = status.to_wire()
         old = self.op.last_written(self.key, self.uid) or {}
-        if wire == old:
+        if wire == old and not fenced:
             return
         try:
-            await asyncio.to_thread(self.op.kube.patch_status, *self.key, old, wire, self.uid or None)
+            self.version = await asyncio.to_thread(
+                self.op.kube.patch_status, *self.key, old, wire, self.uid or None, self.version)
         except Exception:
             # Refused (this object is gone, or the status is not what we last wrote): the next
             # pass starts again from the object as the watch shows it.
             if self.op.last_written(self.key, self.uid) is not None:
                 self.op.written.pop(self.key, None)
+                self.op.versions.pop(self.key, None)
             raise
         self.op.written[self.key] = (self.uid, wire)
+        self.op.versions[self.key] = self.version
 
     def _observe_metrics(self, decision: Decision, ckpt: CheckpointView | None) -> None:
         namespace, name = self.key

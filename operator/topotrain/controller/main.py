@@ -29,6 +29,7 @@ from topotrain.controller.indexes import (
     slim_pod,
 )
 from topotrain.controller.kube import PASS_THREADS, Kube, load_config
+from topotrain.controller.leader import Elector, KubeLeases, Leadership, LeaderTiming
 from topotrain.controller.loop import JobLoop
 from topotrain.controller.metrics import METRICS
 from topotrain.controller.process import Operator
@@ -61,12 +62,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Serve exactly the configured namespaces and the CRDs present at startup: no RBAC on
     # namespaces or CRDs is needed, and no start-up delay retrying forbidden LISTs.
     settings.scanning.disabled = True
-    if SETTINGS.peering:
-        settings.peering.name = SETTINGS.peering
-        settings.peering.mandatory = True
-        settings.peering.clusterwide = SETTINGS.cluster_wide
-        settings.peering.lifetime = SETTINGS.peering_lifetime
-    settings.peering.standalone = SETTINGS.standalone
+    # kopf's own peering is off: every replica watches, and the Lease (leader.py) decides which
+    # one acts.
+    settings.peering.standalone = True
     METRICS.serve(SETTINGS.metrics_port)
     _operator()
     log.info("topotrain operator: %s", SETTINGS)
@@ -176,6 +174,25 @@ async def job_daemon(
     await JobLoop(_operator(), (namespace or "default", name), body).run(stopped, pods, nodes)
 
 
+def _leadership() -> Leadership | None:
+    """The Lease this replica must hold to act, wired into the operator's writes; None when
+    standalone (it always acts)."""
+    load_config()
+    op = _operator()
+    if SETTINGS.standalone:
+        METRICS.leader.set(1)
+        return None
+    timing = LeaderTiming(SETTINGS.lease_duration, SETTINGS.renew_deadline, SETTINGS.retry_period)
+    store = KubeLeases(op.kube, SETTINGS.lease_home(), SETTINGS.lease_name, SETTINGS.renew_deadline / 2)
+    leadership = Leadership(Elector(store, SETTINGS.identity, timing), op.leadership_changed)
+    op.leader, op.kube.fence = leadership, leadership.fence
+    METRICS.leader.set(0)
+    log.info("leader election: replica %s, Lease %s/%s (duration %gs, renew deadline %gs, retry %gs)",
+             SETTINGS.identity, SETTINGS.lease_home(), SETTINGS.lease_name,
+             timing.lease_duration, timing.renew_deadline, timing.retry_period)
+    return leadership
+
+
 def _run(args: argparse.Namespace) -> int:
     global SETTINGS
     SETTINGS = Settings.from_env().with_args(args)
@@ -203,16 +220,16 @@ def _run(args: argparse.Namespace) -> int:
         asyncio.get_running_loop().set_default_executor(
             ThreadPoolExecutor(PASS_THREADS, thread_name_prefix="topotrain-pass"))
         heartbeat = asyncio.create_task(health.run(), name="topotrain-heartbeat")
+        leadership = _leadership()
+        election = asyncio.create_task(leadership.run(), name="topotrain-lease") if leadership else None
         try:
-            await kopf.operator(
-                clusterwide=SETTINGS.cluster_wide,
-                namespaces=list(SETTINGS.namespaces),
-                standalone=SETTINGS.standalone,
-                peering_name=SETTINGS.peering or None,
-                priority=SETTINGS.peering_priority,
-            )
+            await kopf.operator(clusterwide=SETTINGS.cluster_wide,
+                                namespaces=list(SETTINGS.namespaces), standalone=True)
         finally:
             heartbeat.cancel()
+            if election is not None and leadership is not None:
+                election.cancel()
+                await leadership.release()  # the standby takes over at once, not after expiry
 
     try:
         asyncio.run(operate())

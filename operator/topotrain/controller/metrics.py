@@ -10,6 +10,7 @@
 | topotrain_reconcile_seconds | histogram | | duration of one reconcile pass |
 | topotrain_checkpoint_age_seconds | gauge | namespace, job | age of the latest committed checkpoint |
 | topotrain_watch_events_total | counter | resource | watch events handled (nodes, GPU pods, TrainingJobs) |
+| topotrain_leader | gauge | | 1 while this replica holds the Lease and acts (standalone: always 1), else 0 |
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ class Metrics:
             "topotrain_watch_events", "Watch events handled, by resource (nodes, GPU pods, TrainingJobs)",
             ["resource"], registry=r,
         )
+        self.leader = Gauge(
+            "topotrain_leader", "1 while this replica holds the leader Lease and acts, else 0", registry=r)
         self._phases: dict[tuple[str, str], str] = {}
         for phase in PHASES:
             self.jobs.labels(phase).set(0)

@@ -22,6 +22,7 @@ import kopf
 from topotrain.controller.fleet import Fleet
 from topotrain.controller.indexes import JobKey, index_values, job_of
 from topotrain.controller.kube import Kube
+from topotrain.controller.leader import Leadership
 from topotrain.controller.metrics import METRICS
 from topotrain.controller.settings import Settings
 from topotrain.controller.snapshot import Ghosts, Ledger
@@ -43,6 +44,8 @@ class Operator:
     node_ghosts: Ghosts = field(default_factory=Ghosts)  # nodes deleted while the watch was away
     fleet: Fleet | None = None  # free GPUs kept from the watch (main.py feeds it); None: recounted
     plan_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # The Lease this replica must hold to act (leader.py); None: standalone, it always acts.
+    leader: Leadership | None = None
     # The thread that decides under plan_lock (only the lock's holder uses it, so it is free)
     planner: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="topotrain-plan"))
@@ -53,6 +56,8 @@ class Operator:
     # deleted and re-created under its name is another object, whose loop starts before the old
     # one has stopped, and must never build on (or patch against) the old object's status.
     written: dict[JobKey, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    # The resourceVersion the API server gave the job for that write (the next write tests it).
+    versions: dict[JobKey, str] = field(default_factory=dict)
     # What wakes a job besides its own pods' events (kept from each job's last pass): jobs that
     # could use GPUs freed anywhere, and the nodes each job's pods are on. A GPU pod ending or a
     # node changing wakes only the jobs it can affect, not every loop of a 200-job operator.
@@ -66,6 +71,31 @@ class Operator:
         event = self.wakers.get(key)
         if event is not None:
             event.set()
+
+    def wake_all(self) -> None:
+        for event in list(self.wakers.values()):
+            event.set()
+
+    def leadership_changed(self, acting: bool) -> None:
+        """Gaining the Lease: forget the statuses written in an earlier term (another replica may
+        have written since) and start every job's pass; losing it: the loops see it themselves."""
+        METRICS.leader.set(1 if acting else 0)
+        if acting:
+            self.written.clear()
+            self.versions.clear()
+            self.wake_all()
+
+    def read_version(self, key: JobKey, uid: str, body: Any) -> str | None:
+        """The resourceVersion a pass decides from, which its writes test (compare-and-swap): the
+        watched object's when the pass reads its status from there (nothing written by this loop,
+        or the watch already shows what it wrote), else the one this loop's last write returned
+        (the watch has not caught up with it yet)."""
+        meta = body.get("metadata") or {}
+        seen = str(meta.get("resourceVersion") or "") or None
+        entry = self.written.get(key)
+        if entry is None or entry[0] != uid or dict(body.get("status") or {}) == entry[1]:
+            return seen
+        return self.versions.get(key) or seen
 
     def wake_for_capacity(self) -> None:
         """GPUs are being freed: the jobs waiting for capacity (or able to grow) may fit now."""
@@ -152,6 +182,7 @@ class Operator:
             return
         del self.wakers[key]
         self.written.pop(key, None)
+        self.versions.pop(key, None)
         self.wants_capacity.discard(key)
         self.nodes_of.pop(key, None)
 

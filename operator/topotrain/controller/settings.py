@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -37,7 +38,12 @@ class Settings:
     | health_port | TOPOTRAIN_HEALTH_PORT (0 disables) | 8080 |
     | liveness_stall_seconds | TOPOTRAIN_LIVENESS_STALL_SECONDS (/healthz fails once the event loop has not run this long) | 60 |
     | pass_stall_seconds | TOPOTRAIN_PASS_STALL_SECONDS (/healthz fails once no job's pass has completed this long while jobs exist) | 300 |
-    | peering | TOPOTRAIN_PEERING ("" = standalone) | topotrain |
+    | lease_name | TOPOTRAIN_LEASE_NAME (the coordination.k8s.io Lease whose holder acts; "" = standalone, acts always) | topotrain |
+    | lease_namespace | TOPOTRAIN_LEASE_NAMESPACE | POD_NAMESPACE, else the first watched namespace, else default |
+    | lease_duration | TOPOTRAIN_LEASE_DURATION seconds (a standby takes over once it has seen the Lease unrenewed this long) | 15 |
+    | renew_deadline | TOPOTRAIN_RENEW_DEADLINE seconds (the leader stops acting when it has not renewed for this long; < lease_duration) | 10 |
+    | retry_period | TOPOTRAIN_RETRY_PERIOD seconds between tries to renew or take the Lease (< renew_deadline) | 2 |
+    | identity | TOPOTRAIN_IDENTITY (this replica in the Lease) | host_pid_nonce |
     | s3_endpoint | TOPOTRAIN_S3_ENDPOINT (when a job names none) | unset |
     | checkpoint_endpoints | TOPOTRAIN_CHECKPOINT_ENDPOINTS (comma list: endpoints a job may name besides in-cluster Services and s3_endpoint; endpoints.py) | none |
     | master_port | TOPOTRAIN_MASTER_PORT | 29500 |
@@ -49,8 +55,6 @@ class Settings:
     | network_policy | TOPOTRAIN_NETWORK_POLICY (true: a NetworkPolicy per job) | false |
     | move_off_cordoned | TOPOTRAIN_MOVE_OFF_CORDONED (a cordoned node's gang moves, checkpointing first) | true |
     | checkpoint_request_timeout | TOPOTRAIN_CHECKPOINT_REQUEST_TIMEOUT seconds a planned change waits for the checkpoint it asked for (0: asks none, resumes from the last commit) | 120 |
-    | peering_priority | TOPOTRAIN_PEERING_PRIORITY (highest replica acts) | random per process |
-    | peering_lifetime | TOPOTRAIN_PEERING_LIFETIME seconds (a killed acting replica's standby takes over within it) | 30 |
     """
 
     namespaces: tuple[str, ...] = ()
@@ -62,7 +66,14 @@ class Settings:
     liveness_stall_seconds: float = 60.0
     # ... and once jobs exist and none of their passes has completed for this long (health.py)
     pass_stall_seconds: float = 300.0
-    peering: str = "topotrain"
+    # Leader election (controller/leader.py): only the holder of this Lease runs job passes.
+    lease_name: str = "topotrain"
+    lease_namespace: str = ""
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    identity: str = field(default_factory=lambda: (
+        f"{socket.gethostname()}_{os.getpid()}_{random.SystemRandom().randrange(16**6):06x}"))
     s3_endpoint: str | None = None
     # Endpoints a job's spec.checkpoint.endpoint may name besides the defaults (endpoints.py).
     checkpoint_endpoints: tuple[str, ...] = ()
@@ -81,17 +92,18 @@ class Settings:
     # checkpoint of its current step and waits this long for its COMMITTED (planned.py); past it,
     # or at 0 (checkpoint-on-demand off), the change resumes from the last commit.
     checkpoint_request_timeout: float = 120.0
-    # kopf pauses every replica that sees a peer of equal priority, so replicas
-    # must differ: the highest one acts, the others wait to take over.
-    peering_priority: int = field(default_factory=lambda: random.SystemRandom().randint(1, 1_000_000))
-    # How long a replica's keep-alive in the peering object counts: a SIGKILLed acting replica
-    # (node lost) leaves its entry behind, and the standby acts only once that entry expires.
-    peering_lifetime: int = 30
     verbose: bool = False
 
     @property
     def standalone(self) -> bool:
-        return not self.peering
+        return not self.lease_name
+
+    def lease_home(self, env: Mapping[str, str] | None = None) -> str:
+        """The Lease's namespace: set, else the operator's own (POD_NAMESPACE), else the first
+        watched namespace, else default."""
+        env = os.environ if env is None else env
+        return (self.lease_namespace or env.get("POD_NAMESPACE", "").strip()
+                or (self.namespaces[0] if self.namespaces else "default"))
 
     @property
     def cluster_wide(self) -> bool:
@@ -119,7 +131,10 @@ class Settings:
                                              "TOPOTRAIN_LIVENESS_STALL_SECONDS"),
             pass_stall_seconds=_positive(_seconds(env, "TOPOTRAIN_PASS_STALL_SECONDS",
                                                   base.pass_stall_seconds), "TOPOTRAIN_PASS_STALL_SECONDS"),
-            peering=env.get("TOPOTRAIN_PEERING", base.peering).strip(),
+            lease_name=env.get("TOPOTRAIN_LEASE_NAME", base.lease_name).strip(),
+            lease_namespace=env.get("TOPOTRAIN_LEASE_NAMESPACE", "").strip(),
+            **_lease_timing(env, base),
+            identity=env.get("TOPOTRAIN_IDENTITY", "").strip() or base.identity,
             s3_endpoint=env.get("TOPOTRAIN_S3_ENDPOINT") or None,
             checkpoint_endpoints=_split(env.get("TOPOTRAIN_CHECKPOINT_ENDPOINTS", "")),
             master_port=_port(env, "TOPOTRAIN_MASTER_PORT", base.master_port),
@@ -132,8 +147,6 @@ class Settings:
             move_off_cordoned=_flag(env, "TOPOTRAIN_MOVE_OFF_CORDONED", base.move_off_cordoned),
             checkpoint_request_timeout=_seconds(env, "TOPOTRAIN_CHECKPOINT_REQUEST_TIMEOUT",
                                                 base.checkpoint_request_timeout),
-            peering_priority=_integer(env, "TOPOTRAIN_PEERING_PRIORITY", base.peering_priority),
-            peering_lifetime=_lifetime(env, base.peering_lifetime),
             verbose=env.get("TOPOTRAIN_VERBOSE", "").lower() in {"1", "true", "yes"},
         )
 
@@ -145,9 +158,9 @@ class Settings:
                 ns for value in args.namespace for ns in _split(value)
             )
         if getattr(args, "standalone", False):
-            changes["peering"] = ""
-        elif getattr(args, "peering", None):
-            changes["peering"] = args.peering
+            changes["lease_name"] = ""
+        elif getattr(args, "lease_name", None):
+            changes["lease_name"] = args.lease_name
         for name in ("metrics_port", "health_port"):
             value = getattr(args, name, None)
             if value is not None:
@@ -166,11 +179,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="watch this namespace (repeatable or comma list; default: TOPOTRAIN_NAMESPACES, "
         "else cluster-wide)",
     )
-    peering = parser.add_mutually_exclusive_group()
-    peering.add_argument("--peering", metavar="NAME", help="kopf peering name (TOPOTRAIN_PEERING)")
-    peering.add_argument(
+    election = parser.add_mutually_exclusive_group()
+    election.add_argument("--lease-name", metavar="NAME",
+                          help="the Lease whose holder acts (TOPOTRAIN_LEASE_NAME)")
+    election.add_argument(
         "--standalone", action="store_true",
-        help="no peering: act even if another replica runs (tests, single replica)",
+        help="no leader election: act even if another replica runs (tests, single replica)",
     )
     parser.add_argument("--metrics-port", type=int, metavar="N", help="Prometheus /metrics port")
     parser.add_argument("--health-port", type=int, metavar="N", help="liveness /healthz port")
@@ -213,20 +227,20 @@ def _flag(env: Mapping[str, str], key: str, default: bool) -> bool:
     raise SettingsError(f"{key}={raw!r}: must be true or false")
 
 
-def _integer(env: Mapping[str, str], key: str, default: int) -> int:
-    raw = env.get(key, "").strip()
-    try:
-        return int(raw) if raw else default
-    except ValueError:
-        raise SettingsError(f"{key}={raw!r}: not an integer") from None
-
-
-def _lifetime(env: Mapping[str, str], default: int) -> int:
-    key = "TOPOTRAIN_PEERING_LIFETIME"
-    value = _integer(env, key, default)
-    if value < 10:  # the keep-alive is sent 5-10 s before the lifetime ends
-        raise SettingsError(f"{key}={value}: must be at least 10 seconds")
-    return value
+def _lease_timing(env: Mapping[str, str], base: Settings) -> dict[str, float]:
+    """The three leader-election times; the leader must stop (renew deadline) before a standby
+    may take over (lease duration), and try to renew more than once before that."""
+    duration = _seconds(env, "TOPOTRAIN_LEASE_DURATION", base.lease_duration)
+    deadline = _seconds(env, "TOPOTRAIN_RENEW_DEADLINE", base.renew_deadline)
+    retry = _seconds(env, "TOPOTRAIN_RETRY_PERIOD", base.retry_period)
+    if not 0 < retry < deadline < duration:
+        raise SettingsError(
+            f"TOPOTRAIN_RETRY_PERIOD={retry:g} < TOPOTRAIN_RENEW_DEADLINE={deadline:g} < "
+            f"TOPOTRAIN_LEASE_DURATION={duration:g} must hold (seconds, all > 0)")
+    if duration != round(duration) or duration < 1:
+        raise SettingsError(f"TOPOTRAIN_LEASE_DURATION={duration:g}: whole seconds, at least 1 "
+                            "(the Lease's leaseDurationSeconds)")
+    return {"lease_duration": duration, "renew_deadline": deadline, "retry_period": retry}
 
 
 def _positive(value: float, key: str) -> float:

@@ -24,8 +24,11 @@ def merge_patch(old: Any, new: Any) -> Any:
     return patch
 
 
-def status_patch(old: Mapping[str, Any], new: Mapping[str, Any], uid: str | None) -> list[dict[str, Any]]:
-    """A JSON patch (RFC 6902) turning status `old` into `new`, only on the object `uid`.
+def status_patch(old: Mapping[str, Any], new: Mapping[str, Any], uid: str | None,
+                 resource_version: str | None = None) -> list[dict[str, Any]]:
+    """A JSON patch (RFC 6902) turning status `old` into `new`, only on the object `uid`, and
+    only if the object is still at `resource_version` (the version the pass decided from: the
+    API server answers 409 Conflict otherwise, also to a patch that changes nothing).
 
     The first op tests `metadata.uid`, so a patch meant for a deleted job never lands on a
     namesake re-created meanwhile (a merge patch of the status subresource ignores a
@@ -38,14 +41,17 @@ def status_patch(old: Mapping[str, Any], new: Mapping[str, Any], uid: str | None
     field is nullable). With no status yet, the whole status is set.
     """
     ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": uid}] if uid else []
+    if resource_version:
+        ops.append({"op": "replace", "path": "/metadata/resourceVersion", "value": resource_version})
     if old.get("phase") is not None:
         ops.append({"op": "test", "path": "/status/phase", "value": old["phase"]})
     if not old:
         return [*ops, {"op": "add", "path": "/status", "value": dict(new)}]
     changed = merge_patch(old, new)
-    return [*ops, *({"op": "add", "path": f"/status/{_pointer(key)}", "value": new.get(key)}
+    return [*ops, *({"op": "add", "path": f"/status/{pointer(key)}", "value": new.get(key)}
                     for key in sorted(changed))]
 
 
-def _pointer(key: str) -> str:
+def pointer(key: str) -> str:
+    """`key` as one segment of a JSON pointer (RFC 6901)."""
     return key.replace("~", "~0").replace("/", "~1")
