@@ -72,6 +72,7 @@ class OperatorProcess:
     log: Path
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
+    standalone: bool = True  # False: it acts only while it holds the Lease (leader election)
 
     def start(self) -> OperatorProcess:
         # PYTHONPATH: this checkout's operator, whatever checkout the shared venv was installed from
@@ -82,7 +83,7 @@ class OperatorProcess:
                **self.env}
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "topotrain.cli", "run", "--standalone",
+                [sys.executable, "-m", "topotrain.cli", "run", *(["--standalone"] if self.standalone else []),
                  "--namespace", self.namespace, "--metrics-port", "0", "--health-port", "0"],
                 env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
             )

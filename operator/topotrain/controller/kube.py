@@ -55,6 +55,9 @@ class StaleWrite(ApiException):
     def __init__(self, what: str, exc: ApiException) -> None:
         super().__init__(status=exc.status, reason=f"{what}: {api_message(exc)}")
 
+    def __str__(self) -> str:
+        return f"{self.status}: {self.reason}"
+
 
 def _no_fence() -> None:
     return None
