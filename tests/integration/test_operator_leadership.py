@@ -156,6 +156,7 @@ def test_writes_from_a_stale_read_are_refused_by_the_api_server(standalone: Clus
     """The interleaving of issue 37: a replica decided from a job and pods it read, and another
     writer changed them before its writes landed. Each of its writes is refused (StaleWrite):
     the status write (also one that changes nothing), the pod delete and the relabel."""
+    from topotrain.controller.act import relabel_pods
     from topotrain.controller.kube import Kube as OperatorKube
     from topotrain.controller.kube import StaleWrite
 
@@ -184,14 +185,14 @@ def test_writes_from_a_stale_read_are_refused_by_the_api_server(standalone: Clus
         operator.delete_pods(cluster.namespace, [name], 0, {name: seen})
     # Relabelled from attempt 0 as this replica saw it: refused, the label stays the other's.
     with pytest.raises(StaleWrite):
-        operator.relabel_pods(cluster.namespace, {name: "0"}, "topotrain.io/attempt",
-                              {"labels": {"topotrain.io/attempt": "2"}, "annotations": {"x.io/y": "z"}})
+        relabel_pods(operator, cluster.namespace, {name: "0"},
+                     {"labels": {"topotrain.io/attempt": "2"}, "annotations": {"x.io/y": "z"}})
     after = cluster.kube.core.read_namespaced_pod(name, cluster.namespace)
     assert after.metadata.deletion_timestamp is None and after.metadata.labels["topotrain.io/attempt"] == "1"
     assert "x.io/y" not in (after.metadata.annotations or {})
     # From a fresh read both go through.
-    operator.relabel_pods(cluster.namespace, {name: "1"}, "topotrain.io/attempt",
-                          {"labels": {"topotrain.io/attempt": "1"}, "annotations": {"x.io/y": "z"}})
+    relabel_pods(operator, cluster.namespace, {name: "1"},
+                 {"labels": {"topotrain.io/attempt": "1"}, "annotations": {"x.io/y": "z"}})
     fresh = cluster.kube.core.read_namespaced_pod(name, cluster.namespace)
     assert fresh.metadata.annotations["x.io/y"] == "z"
     operator.delete_pods(cluster.namespace, [name], 0, {name: (fresh.metadata.uid, fresh.metadata.resource_version)})
@@ -200,7 +201,7 @@ def test_writes_from_a_stale_read_are_refused_by_the_api_server(standalone: Clus
 def test_a_replica_without_the_lease_writes_nothing(standalone: Cluster) -> None:
     """The fence: every write of the operator's client first asks whether this replica may act."""
     from topotrain.controller.kube import Kube as OperatorKube
-    from topotrain.controller.kube import NotLeader
+    from topotrain.controller.leader import NotLeader
 
     cluster = standalone
     cluster.add_nodes(1, 1)

@@ -149,15 +149,17 @@ class RefusingKube:
             return names[1:], {names[0]: QUOTA}
         return names, {}
 
-    def delete_pods(self, namespace: str, names: list[str], grace_seconds: int) -> list[str]:
+    def delete_pods(self, namespace: str, names: list[str], grace_seconds: int,
+                    seen: Mapping[str, tuple[str, str]] | None = None) -> list[str]:
         return []
 
     def release_pods(self, namespace: str, names: list[str]) -> list[str]:
         return []
 
     def patch_status(self, namespace: str, name: str, old: Mapping[str, Any], new: Mapping[str, Any],
-                     uid: str | None = None) -> None:
+                     uid: str | None = None, resource_version: str | None = None) -> str:
         self.writes.append(dict(new))
+        return str(len(self.writes))
 
 
 def test_a_refused_pass_and_the_next_each_write_status_once(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,13 +21,15 @@ from typing import Any
 from topotrain.api.spec import TrainingJobSpec
 from topotrain.contract import CHECKPOINT_REQUEST
 from topotrain.controller.indexes import JobKey
-from topotrain.controller.kube import Kube
+from topotrain.controller.kube import ApiException, Kube, StaleWrite
 from topotrain.controller.settings import Settings
 from topotrain.controller.snapshot import Ledger
+from topotrain.controller.status_patch import tested_patch
 from topotrain.core.decision import Decision, Launch
 from topotrain.core.kueue_admission import TAS_POD_ANNOTATION
 from topotrain.core.manifests import (
     ATTEMPT_LABEL,
+    FIELD_OWNER,
     JobMeta,
     PodPlan,
     network_policy,
@@ -124,7 +126,7 @@ class Actuator:
             patch = restart_in_place_patch(move.attempt, move.resume_step, move.master_addr)["metadata"]
             attempts = {name: str(labels[ATTEMPT_LABEL]) for name in move.pods
                         if ATTEMPT_LABEL in (labels := _labels(self.seen.get(name)))}
-            self.gone += self.kube.relabel_pods(namespace, attempts, ATTEMPT_LABEL, patch)
+            self.gone += relabel_pods(self.kube, namespace, attempts, patch)
             if unseen := [name for name in move.pods if name not in attempts]:
                 self.gone += self.kube.patch_pods(namespace, unseen, {"metadata": patch})
         if decision.checkpoint_request is not None:
@@ -223,6 +225,23 @@ class Actuator:
         if launch.release and _gated(manifests):
             self._release(job.namespace, every)
         return {}
+
+
+def relabel_pods(kube: Kube, namespace: str, seen: Mapping[str, str],
+                 patch: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """Set `patch`'s labels and annotations on each pod of `seen` whose attempt label still holds
+    the value the pass saw (`seen`: name -> value); raises StaleWrite when one's does not."""
+    def one(name: str) -> None:
+        try:
+            kube.core.patch_namespaced_pod(name, namespace, tested_patch(ATTEMPT_LABEL, seen[name], patch),
+                                           field_manager=FIELD_OWNER,
+                                           _content_type="application/json-patch+json")
+        except ApiException as exc:
+            if exc.status == 422:
+                raise StaleWrite(f"pod {namespace}/{name}'s attempt is no longer {seen[name]}", exc) from None
+            raise
+
+    return kube.each_pod(list(seen), one)
 
 
 def acts(decision: Decision) -> bool:

@@ -6,13 +6,16 @@ object of that name owned by someone else (ForeignObject); pods are created if
 absent (AlreadyExists is success only when the pod there is this job's, by
 owner UID) and released by removing their scheduling gate; the status
 subresource is patched with a JSON patch computed against what was last
-written (status_patch.py), and only when it differs. Calls are blocking (the
-official client); the async handlers run them in worker threads.
+written (status_patch.py), only onto the resourceVersion the pass read. Pod
+deletes carry uid/resourceVersion preconditions and relabels test the label
+they change (StaleWrite when refused). Every write first calls `Kube.fence`,
+which raises when this replica does not hold the leader Lease (leader.py).
+Calls are blocking (the official client); the async handlers run them in
+worker threads.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -23,9 +26,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException as ApiException  # re-exported: see below
 
 from topotrain import GROUP, PLURAL, VERSION
-from topotrain.api.status import Reason
-from topotrain.contract import ACCESS_KEY_ID, SECRET_ACCESS_KEY
-from topotrain.controller.status_patch import pointer, status_patch
+from topotrain.controller.status_patch import status_patch
 from topotrain.core.kueue import KUEUE_GROUP, KUEUE_VERSION
 from topotrain.core.manifests import FIELD_OWNER
 from topotrain.core.ownership import ForeignObject, controller_owner, foreign_message, owned_by
@@ -43,10 +44,6 @@ CONNECTIONS = WORKERS + PASS_THREADS
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"  # the resyncs' LISTs
 
 
-class NotLeader(Exception):
-    """A write was about to be made by a replica that does not hold the Lease (leader.py)."""
-
-
 class StaleWrite(ApiException):
     """The API server refused a write as stale: the object changed since the pass read it (409),
     or a pod's attempt label is no longer the one the pass saw. The pass ends; the next one
@@ -57,19 +54,6 @@ class StaleWrite(ApiException):
 
     def __str__(self) -> str:
         return f"{self.status}: {self.reason}"
-
-
-def _no_fence() -> None:
-    return None
-
-
-class SecretProblem(Exception):
-    """The checkpoint Secret cannot be used; `reason` is a status Reason."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
 
 
 def api_message(exc: ApiException) -> str:
@@ -120,20 +104,9 @@ class Kube:
         self.networking = client.NetworkingV1Api(self.api)
         self.pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="topotrain-kube")
         # Called before every write: raises NotLeader when this replica may not act (leader.py).
-        self.fence: Callable[[], None] = _no_fence
+        self.fence: Callable[[], None] = lambda: None
 
     # --- the TrainingJob -----------------------------------------------------
-
-    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            job = cast(dict[str, Any], self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name
-            ))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return job
 
     def patch_status(self, namespace: str, name: str, old: Mapping[str, Any],
                      new: Mapping[str, Any], uid: str | None = None,
@@ -170,9 +143,9 @@ class Kube:
             if exc.status == 404:
                 return None
             raise
-        return self._wire_metadata(obj)
+        return self.wire_metadata(obj)
 
-    def _wire_metadata(self, obj: Any) -> dict[str, Any]:
+    def wire_metadata(self, obj: Any) -> dict[str, Any]:
         wire = self.api.sanitize_for_serialization(obj.metadata)  # type: ignore[no-untyped-call]
         return cast(dict[str, Any], wire)
 
@@ -281,7 +254,7 @@ class Kube:
     # The pod calls below return the names the API server answered 404 for (no such pod now):
     # the caller leaves them out of its watch cache (snapshot.Ghosts).
 
-    def _each_pod(self, names: list[str], call: Callable[[str], object],
+    def each_pod(self, names: list[str], call: Callable[[str], object],
                   tolerated: tuple[int, ...] = ()) -> list[str]:
         """`call(name)` for every name, in parallel; the names answered 404, in order. Other
         errors raise, except the statuses in `tolerated`."""
@@ -301,37 +274,17 @@ class Kube:
 
     def release_pods(self, namespace: str, names: list[str]) -> list[str]:
         """Remove the gang scheduling gate from every pod, together (422: already released)."""
-        return self._each_pod(names, lambda name: self.core.patch_namespaced_pod(
+        return self.each_pod(names, lambda name: self.core.patch_namespaced_pod(
             name, namespace, [{"op": "remove", "path": "/spec/schedulingGates"}],
             field_manager=FIELD_OWNER, _content_type="application/json-patch+json",
         ), tolerated=(422,))
 
     def patch_pods(self, namespace: str, names: list[str], patch: Mapping[str, Any]) -> list[str]:
         """The same JSON merge patch on each pod's metadata (a pod gone meanwhile is skipped)."""
-        return self._each_pod(names, lambda name: self.core.patch_namespaced_pod(
+        return self.each_pod(names, lambda name: self.core.patch_namespaced_pod(
             name, namespace, dict(patch), field_manager=FIELD_OWNER,
             _content_type="application/merge-patch+json",
         ))
-
-    def relabel_pods(self, namespace: str, seen: Mapping[str, str], label: str,
-                     patch: Mapping[str, Mapping[str, str]]) -> list[str]:
-        """Set `patch`'s labels and annotations on each pod of `seen` whose `label` still holds
-        the value the pass saw (`seen`: name -> value); raises StaleWrite when one's does not."""
-        def ops(name: str) -> list[dict[str, Any]]:
-            test = [{"op": "test", "path": f"/metadata/labels/{pointer(label)}", "value": seen[name]}]
-            return test + [{"op": "add", "path": f"/metadata/{part}/{pointer(key)}", "value": value}
-                           for part, values in patch.items() for key, value in values.items()]
-
-        def one(name: str) -> None:
-            try:
-                self.core.patch_namespaced_pod(name, namespace, ops(name), field_manager=FIELD_OWNER,
-                                               _content_type="application/json-patch+json")
-            except ApiException as exc:
-                if exc.status == 422:
-                    raise StaleWrite(f"pod {namespace}/{name}'s {label} is no longer {seen[name]}", exc) from None
-                raise
-
-        return self._each_pod(list(seen), one)
 
     def delete_pods(self, namespace: str, names: list[str], grace_seconds: int,
                     seen: Mapping[str, tuple[str, str]] | None = None) -> list[str]:
@@ -349,7 +302,7 @@ class Kube:
                     raise StaleWrite(f"pod {namespace}/{name} changed since it was read", exc) from None
                 raise
 
-        return self._each_pod(names, one)
+        return self.each_pod(names, one)
 
     def rank_table(self, namespace: str, job: str, uid: str | None = None) -> RankTable | None:
         """The job's rank table; with `uid`, raises ForeignObject when another owns the ConfigMap."""
@@ -361,7 +314,7 @@ class Kube:
                 return None
             raise
         if uid is not None:
-            meta = self._wire_metadata(cm)
+            meta = self.wire_metadata(cm)
             if not owned_by(meta, uid):
                 raise ForeignObject("ConfigMap", namespace, name, controller_owner(meta), job)
         # binaryData values arrive as the API's base64 text
@@ -441,31 +394,3 @@ class Kube:
             if exc.status == 404:
                 return None
             raise
-
-    # --- the checkpoint Secret -----------------------------------------------
-
-    def checkpoint_credentials(self, namespace: str, secret: str) -> tuple[str, str]:
-        """(access key, secret key) from the job's Secret; raises SecretProblem."""
-        try:
-            obj = self.core.read_namespaced_secret(secret, namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                raise SecretProblem(
-                    Reason.SECRET_NOT_FOUND,
-                    f"Secret {namespace}/{secret} (spec.checkpoint.credentialsSecret) does not exist",
-                ) from None
-            if exc.status == 403:
-                raise SecretProblem(
-                    Reason.SECRET_FORBIDDEN,
-                    f"the operator may not read Secret {namespace}/{secret}: grant it `get` on that "
-                    "Secret (Helm value rbac.checkpointSecrets) or name an allowed one",
-                ) from None
-            raise
-        data = obj.data or {}
-        missing = [k for k in (ACCESS_KEY_ID, SECRET_ACCESS_KEY) if not data.get(k)]
-        if missing:
-            raise SecretProblem(
-                Reason.SECRET_INVALID, f"Secret {namespace}/{secret} lacks {', '.join(missing)}"
-            )
-        return (base64.b64decode(data[ACCESS_KEY_ID]).decode(),
-                base64.b64decode(data[SECRET_ACCESS_KEY]).decode())

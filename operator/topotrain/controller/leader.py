@@ -34,10 +34,14 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol, cast
 
-from topotrain.controller.kube import ApiException, Kube, NotLeader
+from topotrain.controller.kube import ApiException, Kube
 
 log = logging.getLogger("topotrain.leader")
 LEASE_GROUP, LEASE_VERSION = "coordination.k8s.io", "v1"
+
+
+class NotLeader(Exception):
+    """A write was about to be made by a replica that does not hold the Lease (kube.py's fence)."""
 
 
 class LeaseConflict(Exception):

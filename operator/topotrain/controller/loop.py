@@ -27,7 +27,8 @@ from topotrain.api.status import ConditionType, TrainingJobStatus
 from topotrain.controller.act import Actuator, acts
 from topotrain.controller.health import PASSES
 from topotrain.controller.indexes import IndexedNodes, JobKey, index_values, job_pods_key
-from topotrain.controller.kube import NotLeader, StaleWrite
+from topotrain.controller.kube import StaleWrite
+from topotrain.controller.leader import NotLeader
 from topotrain.controller.metrics import METRICS
 from topotrain.controller.observe import Observer
 from topotrain.controller.process import Operator

@@ -28,9 +28,10 @@ from topotrain.checkpoints import (
     job_prefix,
     operator_store,
 )
+from topotrain.controller.credentials import SecretProblem, checkpoint_credentials
 from topotrain.controller.endpoints import endpoint_problem
 from topotrain.controller.indexes import JobKey
-from topotrain.controller.kube import Kube, SecretProblem
+from topotrain.controller.kube import Kube
 from topotrain.controller.settings import Settings
 from topotrain.core import resume
 from topotrain.core.ownership import (
@@ -93,7 +94,7 @@ class Observer:
         access = secret = ""
         if ckpt.credentials_secret:
             try:
-                access, secret = self.kube.checkpoint_credentials(namespace, ckpt.credentials_secret)
+                access, secret = checkpoint_credentials(self.kube, namespace, ckpt.credentials_secret)
             except SecretProblem as exc:
                 return (exc.reason, exc.message), CheckpointView(reachable=False, error=exc.message)
         endpoint = ckpt.endpoint or self.settings.s3_endpoint

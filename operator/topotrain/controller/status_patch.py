@@ -55,3 +55,11 @@ def status_patch(old: Mapping[str, Any], new: Mapping[str, Any], uid: str | None
 def pointer(key: str) -> str:
     """`key` as one segment of a JSON pointer (RFC 6901)."""
     return key.replace("~", "~0").replace("/", "~1")
+
+
+def tested_patch(label: str, value: str, patch: Mapping[str, Mapping[str, str]]) -> list[dict[str, Any]]:
+    """A JSON patch setting `patch`'s metadata maps (labels, annotations) on an object whose
+    `label` still holds `value` (the test op fails, 422, otherwise)."""
+    test = [{"op": "test", "path": f"/metadata/labels/{pointer(label)}", "value": value}]
+    return test + [{"op": "add", "path": f"/metadata/{part}/{pointer(key)}", "value": item}
+                   for part, items in patch.items() for key, item in items.items()]
