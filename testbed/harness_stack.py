@@ -166,7 +166,7 @@ class Stack:
             "rbac": {
                 "checkpointSecrets": [{"namespace": self.namespace, "names": [CREDENTIALS_SECRET]}]
             },
-            "peering": {"enabled": False},
+            "leaderElection": {"enabled": False},
             "metrics": {"port": free_port()},
             "healthPort": free_port(),
             # The testbed's S3 server (and the soak's proxy in front of it) listens on loopback,

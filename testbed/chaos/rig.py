@@ -6,7 +6,7 @@
 - a GPU fleet of two pools sized to the number of concurrent jobs;
 - the chaos proxy in front of versitygw: the operator and every trainer talk
   to S3 through it, the observer talks to versitygw directly;
-- the chart, the operator as local processes (one, or two peered replicas)
+- the chart, the operator as local processes (one, or two replicas electing a leader)
   and the pod process harness (testbed.harness_stack; the harness stands in
   for a kubelet's process execution, it is not a kubelet).
 """
@@ -19,7 +19,6 @@ import signal
 import subprocess
 import time
 import uuid
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -37,22 +36,23 @@ from testbed.procs import free_port, signal_group, wait_until
 
 
 class ChaosStack(Stack):
-    """The Stack with operator replicas the nemesis can kill: one standalone, or two peered."""
+    """The Stack with operator replicas the nemesis can kill: one standalone, or two that elect
+    a leader with the chart's Lease."""
 
     def __init__(self, *args: Any, replicas: int = 1, **kwargs: Any) -> None:
         self.replicas = replicas
-        self.processes: list[tuple[int, subprocess.Popen[bytes]]] = []  # (peering priority, process)
+        self.processes: list[tuple[int, subprocess.Popen[bytes]]] = []  # (replica number, process)
         self._next_priority = 1000
         super().__init__(*args, **kwargs)
         if replicas > 1:
-            self.chart_values = {**self.chart_values, "peering": {"enabled": True}}
+            self.chart_values = {**self.chart_values, "leaderElection": {"enabled": True}}
 
     def start_operator(self) -> None:
         self.processes = [(p, proc) for p, proc in self.processes if proc.poll() is None]
         while len(self.processes) < self.replicas:
             argv, env = self.operator_command()
             priority, self._next_priority = self._next_priority, self._next_priority - 1
-            env.update(TOPOTRAIN_PEERING_PRIORITY=str(priority), TOPOTRAIN_METRICS_PORT=str(free_port()),
+            env.update(TOPOTRAIN_IDENTITY=replica_identity(priority), TOPOTRAIN_METRICS_PORT=str(free_port()),
                        TOPOTRAIN_HEALTH_PORT=str(free_port()))  # fmt: skip
             with (self.workdir / f"operator-{priority}.log").open("ab") as log:
                 proc = subprocess.Popen(argv, env=env, cwd=self.workdir, stdin=subprocess.DEVNULL,
@@ -60,27 +60,34 @@ class ChaosStack(Stack):
             self.processes.append((priority, proc))
 
     def kill_acting(self) -> None:
-        """SIGKILL the replica that acts (the highest peering priority alive), as a node death would."""
+        """SIGKILL the replica that acts (the Lease's holder; else the newest alive), as a node
+        death would."""
         alive = [(p, proc) for p, proc in self.processes if proc.poll() is None]
         if alive:
-            _, proc = max(alive, key=lambda item: item[0])
+            holder = self._lease_holder() if self.replicas > 1 else None
+            _, proc = next(((p, proc) for p, proc in alive if replica_identity(p) == holder),
+                           max(alive, key=lambda item: item[0]))
             signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
 
     def acting(self) -> bool:
-        """True once a live replica acts: among the peering object's unexpired keep-alives the
-        highest priority is a live replica's (a SIGKILLed replica's entry lingers until its
-        lifetime ends, and until then the standby waits)."""
+        """True once a live replica acts: the Lease's holder is a live replica (a SIGKILLed
+        replica stays the holder until the standby has seen its Lease unrenewed for the
+        Lease's duration, and until then nobody acts)."""
         alive = {p for p, proc in self.processes if proc.poll() is None}
         if self.replicas < 2:
             return bool(alive)
+        return acting_replica(self._lease_holder(), alive) is not None
+
+    def _lease_holder(self) -> str | None:
         _, env = self.operator_command()
         try:
-            body = self.custom.get_namespaced_custom_object(
-                "kopf.dev", "v1", self.namespace, "kopfpeerings", env["TOPOTRAIN_PEERING"])
-        except Exception:  # the API server is down (another fault): not known to act
-            return False
-        return acting_priority(body.get("status") or {}, datetime.now(UTC)) in alive
+            lease = self.custom.get_namespaced_custom_object(
+                "coordination.k8s.io", "v1", env["TOPOTRAIN_LEASE_NAMESPACE"], "leases",
+                env["TOPOTRAIN_LEASE_NAME"])
+        except Exception:  # absent, or the API server is down (another fault): no known holder
+            return None
+        return str((lease.get("spec") or {}).get("holderIdentity") or "") or None
 
     def wait_acting(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -114,17 +121,14 @@ class ChaosStack(Stack):
         return "\n".join(text.splitlines()[-lines:])
 
 
-def acting_priority(peers: dict[str, Any], now: datetime) -> int | None:
-    """The priority that acts: the highest among the keep-alives not yet expired (kopf's rule)."""
-    live = []
-    for peer in peers.values():
-        if not isinstance(peer, dict) or "lastseen" not in peer:
-            continue
-        seen = datetime.fromisoformat(str(peer["lastseen"]))
-        seen = seen if seen.tzinfo else seen.replace(tzinfo=UTC)
-        if seen + timedelta(seconds=float(peer.get("lifetime", 60))) > now:
-            live.append(int(peer.get("priority", 0)))
-    return max(live, default=None)
+def replica_identity(number: int) -> str:
+    """The Lease identity of the soak's operator replica `number` (TOPOTRAIN_IDENTITY)."""
+    return f"operator-{number}"
+
+
+def acting_replica(holder: str | None, alive: set[int]) -> int | None:
+    """The replica that acts: the Lease's holder, if it is a live replica of this soak."""
+    return next((n for n in alive if replica_identity(n) == holder), None)
 
 
 def fleet(jobs: int) -> dict[str, Any]:

@@ -41,7 +41,7 @@ INSTANCE = "app.kubernetes.io/instance"
 # Every kind the chart creates, plus what the Deployment creates in turn.
 LABELLED_KINDS = (
     "deployments,replicasets,pods,services,serviceaccounts,configmaps,roles,rolebindings,"
-    "clusterroles,clusterrolebindings,clusterkopfpeerings.kopf.dev,kopfpeerings.kopf.dev"
+    "clusterroles,clusterrolebindings,leases.coordination.k8s.io"
 )
 
 
@@ -156,17 +156,17 @@ class LocalOperator:
 
 @contextlib.contextmanager
 def local_operator(kubeconfig: Path, release: Release, name: str = "operator",
-                   priority: int | None = None) -> Iterator[LocalOperator]:  # fmt: skip
+                   elect: bool = False) -> Iterator[LocalOperator]:  # fmt: skip
     """`topotrain run` as a local process, as the chart's Deployment configures it."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("KUBERNETES_", "AWS_", "TOPOTRAIN_"))}
     env.update(KUBECONFIG=str(kubeconfig), TOPOTRAIN_METRICS_PORT="0", TOPOTRAIN_HEALTH_PORT="0",
                TOPOTRAIN_CHECKPOINT_ENDPOINTS="127.0.0.1")  # the testbed's S3 server, on loopback
-    if priority is not None:
-        env["TOPOTRAIN_PEERING_PRIORITY"] = str(priority)
+    if elect:  # as the chart sets it: the release's Lease in its namespace, the pod's name
+        env.update(TOPOTRAIN_LEASE_NAMESPACE=release.namespace, TOPOTRAIN_IDENTITY=name)
     log = release.workdir / f"{name}.log"
     cmd = [sys.executable, "-m", "topotrain.cli", "run", "--namespace", release.namespace,
-           "--peering", release.fullname]
+           "--lease-name", release.fullname]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -263,18 +263,17 @@ def test_operator_with_only_the_chart_service_account_runs_a_job(
 
 
 def acting(operator: LocalOperator) -> bool:
-    """Whether kopf's last peering decision in this replica's log was to resume."""
+    """Whether this replica's last leadership line in its log says it holds the Lease."""
     text = operator.text()
-    return text.rfind("Resuming operations") > text.rfind("Pausing operations")
+    return text.rfind("holds the Lease and acts") > text.rfind("lost the Lease")
 
 
 def test_standby_replica_takes_over_when_the_active_one_dies(
     kube: Kube, namespace: str, release: Release, s3: S3Server, s3_bucket: str
 ) -> None:
-    """Two replicas with the chart's peering: one acts, the other waits; the active
-    one is SIGKILLed, a gang pod is deleted meanwhile, and the standby resumes
-    (once the dead replica's peering record expires, the chart's 30 s peering.lifetime) and
-    restarts the gang."""
+    """Two replicas with the chart's leader election: one acts, the other waits; the active
+    one is SIGKILLed, a gang pod is deleted meanwhile, and the standby takes the Lease (once it
+    has seen it unrenewed for the chart's 15 s leaseDurationSeconds) and restarts the gang."""
     kube.require_testbed("KWOK nodes run the job's pods")
     create_s3_secret(kube, namespace, "ckpt-creds", s3.access_key, s3.secret_key)
     release.helm("install", {
@@ -290,19 +289,18 @@ def test_standby_replica_takes_over_when_the_active_one_dies(
         status: dict[str, Any] = get_job(kube, namespace, "small").get("status", {})
         return status
 
-    with (
-        local_operator(kubeconfig, release, "active", priority=200) as active,
-        local_operator(kubeconfig, release, "standby", priority=100) as standby,
-    ):
+    with contextlib.ExitStack() as replicas:
+        # The first replica takes the free Lease; the second, started after, waits.
+        active = replicas.enter_context(local_operator(kubeconfig, release, "active", elect=True))
+        wait_for("the active replica to act", lambda: acting(active))
+        standby = replicas.enter_context(local_operator(kubeconfig, release, "standby", elect=True))
         try:
-            # kopf starts every peered replica paused; only the highest priority resumes.
-            wait_for("the active replica to act", lambda: acting(active))
             kube.kubectl("-n", namespace, "apply", "-f", str(manifest))
             wait_for("job 'small' Running", lambda: job_status().get("phase") == "Running",
                      timeout=180)  # fmt: skip
             pods = wait_for("both pods Running",
                             lambda: len(found := running_pods(kube, namespace, "small")) == 2 and found)  # fmt: skip
-            assert "Activity 'configure' succeeded" in standby.text()  # it is up ...
+            wait_for("the standby up", lambda: "leader election: replica standby" in standby.text())
             assert not acting(standby), "the standby acted too"  # ... and waiting
 
             active.kill()
@@ -369,12 +367,11 @@ def test_service_account_cannot_do_what_the_operator_does_not_need(
         ["delete", "pods", *ns],
         ["patch", "trainingjobs.topotrain.io", "--subresource=status", *ns],
         ["watch", "nodes"],
-        ["patch", f"{'clusterkopfpeerings' if mode == 'cluster-wide' else 'kopfpeerings'}"
-         f".kopf.dev/{release.fullname}", *([] if mode == "cluster-wide" else ns)],
+        ["update", f"leases.coordination.k8s.io/{release.fullname}", *ns],
     ):
         assert release.can_i(*args), f"cannot {' '.join(args)}"
     # What it does not: other Secrets, granting itself roles, touching nodes,
-    # other operators' peering, deleting jobs, exec into pods.
+    # other operators' Leases, deleting jobs, exec into pods.
     for args in (
         ["get", "secrets", *ns],
         ["list", "secrets", *ns],
@@ -390,7 +387,8 @@ def test_service_account_cannot_do_what_the_operator_does_not_need(
         ["patch", "nodes"],
         ["delete", "customresourcedefinitions.apiextensions.k8s.io"],
         ["list", "namespaces"],
-        ["patch", "clusterkopfpeerings.kopf.dev/someone-else"],
+        ["update", "leases.coordination.k8s.io/someone-else", *ns],
+        ["update", "leases.coordination.k8s.io/kube-scheduler", "-n", "kube-system"],
         ["delete", "trainingjobs.topotrain.io", *ns],
         ["create", "pods", "--subresource=exec", *ns],
         ["create", "serviceaccounts", "--subresource=token", *ns],
@@ -412,7 +410,7 @@ def test_upgrade_and_uninstall_leave_no_orphans_and_keep_checkpoints(
     installed = release.manifest_objects()
     assert wait_for("the live objects to match the release",
                     lambda: release.live_objects() == installed), release.live_objects()
-    assert ("ClusterKopfPeering", "", release.fullname) in installed
+    assert ("Role", namespace, f"{release.fullname}-leader") in installed  # the Lease's
 
     # The documented CRD upgrade step works on CRDs that `helm install` created.
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
@@ -422,7 +420,7 @@ def test_upgrade_and_uninstall_leave_no_orphans_and_keep_checkpoints(
     })
     upgraded = release.manifest_objects()
     gone = installed - upgraded
-    assert ("ClusterKopfPeering", "", release.fullname) in gone
+    assert ("Role", namespace, f"{release.fullname}-leader") in upgraded
     assert ("Role", namespace, f"{release.fullname}-checkpoint-secrets") in gone
     assert ("ConfigMap", namespace, f"{release.fullname}-dashboard") in upgraded
     assert wait_for("the upgrade to remove what the new values no longer need",

@@ -1,30 +1,20 @@
-"""The soak's notion of an acting operator replica (kopf peering's rule), used to end an
-operator fault only once a replica acts again."""
+"""The soak's notion of an acting operator replica (the Lease's holder, when it is a live
+replica), used to end an operator fault only once a replica acts again."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
-
-from testbed.chaos.rig import acting_priority
-
-NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+from testbed.chaos.rig import acting_replica, replica_identity
 
 
-def peer(priority: int, seen_ago: float, lifetime: float = 30) -> dict[str, object]:
-    return {"priority": priority, "lifetime": lifetime,
-            "lastseen": (NOW - timedelta(seconds=seen_ago)).isoformat()}  # fmt: skip
+def test_a_killed_holder_still_holds_the_lease_and_nobody_acts() -> None:
+    # The standby takes over only once it has seen the Lease unrenewed for its duration.
+    assert acting_replica(replica_identity(1000), alive={999}) is None
 
 
-def test_a_killed_replicas_unexpired_keepalive_still_outranks_the_standby() -> None:
-    peers = {"killed": peer(1000, seen_ago=5), "standby": peer(999, seen_ago=2)}
-    assert acting_priority(peers, NOW) == 1000  # the standby waits: nobody acts
+def test_once_the_standby_holds_the_lease_it_acts() -> None:
+    assert acting_replica(replica_identity(999), alive={999}) == 999
 
 
-def test_once_the_keepalive_expires_the_standby_acts() -> None:
-    peers = {"killed": peer(1000, seen_ago=31), "standby": peer(999, seen_ago=2)}
-    assert acting_priority(peers, NOW) == 999
-
-
-def test_no_live_peer_and_junk_entries() -> None:
-    assert acting_priority({}, NOW) is None
-    assert acting_priority({"gone": None, "x": {"priority": 3}}, NOW) is None  # type: ignore[dict-item]
+def test_no_holder_or_a_stranger_is_nobody_acting() -> None:
+    assert acting_replica(None, alive={999, 1000}) is None
+    assert acting_replica("someone-else_42_abc", alive={999, 1000}) is None

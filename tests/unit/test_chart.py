@@ -129,9 +129,10 @@ def expected(scope: str, table: dict[str, set[str]]) -> set[tuple[str, str, str,
     return {(scope, res, verb, "*") for res, verbs in table.items() for verb in verbs}
 
 
-def peering(scope: str, resource: str, name: str) -> set[tuple[str, str, str, str]]:
-    return {(scope, f"kopf.dev/{resource}", v, "*") for v in ("list", "watch")} | {
-        (scope, f"kopf.dev/{resource}", v, name) for v in ("get", "patch")
+def lease(namespace: str, name: str) -> set[tuple[str, str, str, str]]:
+    """Leader election: create a Lease (create takes no resourceNames), read and renew its own."""
+    return {(namespace, "coordination.k8s.io/leases", "create", "*")} | {
+        (namespace, "coordination.k8s.io/leases", v, name) for v in ("get", "update")
     }
 
 
@@ -148,13 +149,12 @@ def test_default_install_is_cluster_wide_with_exactly_the_needed_rules(
     docs = render(helm, tmp_path)
     assert sorted(doc["kind"] for doc in docs) == sorted([
         "ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
-        "ClusterRoleBinding", "Service", "Deployment", "ClusterKopfPeering",
+        "ClusterRoleBinding", "Service", "Deployment", "Role", "RoleBinding",
     ])
     assert grants(docs) == (
         expected("cluster", WORKLOAD) | expected("cluster", CLUSTER_READ)
-        | peering("cluster", "clusterkopfpeerings", "topotrain")
+        | lease("topotrain-system", "topotrain")
     )
-    assert one(docs, "ClusterKopfPeering")["metadata"]["name"] == "topotrain"
     for binding in by_kind(docs, "ClusterRoleBinding"):
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": "topotrain", "namespace": "topotrain-system"}
@@ -172,15 +172,12 @@ def test_namespaced_mode_grants_workload_rules_only_in_watched_namespaces(
     }
     per_namespace = set()
     for ns in ("team-a", "team-b"):
-        per_namespace |= expected(ns, WORKLOAD) | peering(ns, "kopfpeerings", "topotrain")
-    assert grants(docs) == expected("cluster", CLUSTER_READ) | per_namespace | secrets
-    peerings = by_kind(docs, "KopfPeering")
-    assert {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in peerings} == {
-        ("team-a", "topotrain"), ("team-b", "topotrain"),
-    }
+        per_namespace |= expected(ns, WORKLOAD)
+    assert grants(docs) == (expected("cluster", CLUSTER_READ) | per_namespace | secrets
+                            | lease("topotrain-system", "topotrain"))
     bindings = by_kind(docs, "RoleBinding")
     assert {(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in bindings} == {
-        ("team-a", "topotrain"), ("team-b", "topotrain"),
+        ("team-a", "topotrain"), ("team-b", "topotrain"), ("topotrain-system", "topotrain-leader"),
         ("team-a", "topotrain-checkpoint-secrets"), ("team-b", "topotrain-checkpoint-secrets"),
     }
 
@@ -218,9 +215,15 @@ def test_deployment_runs_the_pinned_image_under_restricted_pod_security(
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": 9090, "health": 8080}
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["TOPOTRAIN_NAMESPACES"] == ""
-    assert env["TOPOTRAIN_PEERING"] == "topotrain"
+    assert env["TOPOTRAIN_LEASE_NAME"] == "topotrain"
+    assert env["TOPOTRAIN_LEASE_NAMESPACE"] == "topotrain-system"
+    assert (env["TOPOTRAIN_LEASE_DURATION"], env["TOPOTRAIN_RENEW_DEADLINE"], env["TOPOTRAIN_RETRY_PERIOD"]) == (
+        "15", "10", "2")
+    # Each replica is named in the Lease by its pod's name.
+    identity = next(e for e in container["env"] if e["name"] == "TOPOTRAIN_IDENTITY")
+    assert identity["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["TOPOTRAIN_LABEL_NVLINK"] == "nvidia.com/gpu.clique"
     assert env["TOPOTRAIN_CHECKPOINT_REQUEST_TIMEOUT"] == "120"
     assert container["resources"]["limits"]["memory"]
@@ -233,7 +236,7 @@ def test_non_default_values_reach_the_pod(helm: Path, tmp_path: Path) -> None:
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["image"] == f"ghcr.io/topotrain/operator:{APP_VERSION}@sha256:{'ab' * 32}"
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["TOPOTRAIN_NAMESPACES"] == "team-a,team-b"
     assert env["TOPOTRAIN_RECOVERY"] == "recreate"
     assert env["TOPOTRAIN_VERBOSE"] == "true"
@@ -248,7 +251,7 @@ def test_per_job_network_policies_are_on_by_default_and_can_be_turned_off(
 ) -> None:
     def env(docs: list[dict[str, Any]]) -> dict[str, str]:
         (container,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
-        return {e["name"]: e["value"] for e in container["env"]}
+        return {e["name"]: e.get("value") for e in container["env"]}
 
     default = render(helm, tmp_path)
     assert env(default)["TOPOTRAIN_NETWORK_POLICY"] == "true"
@@ -258,20 +261,27 @@ def test_per_job_network_policies_are_on_by_default_and_can_be_turned_off(
     assert not any("networkpolicies" in res for _, res, _, _ in grants(off)), "no rule it does not use"
 
 
-def test_standalone_mode_has_no_peering(helm: Path, tmp_path: Path) -> None:
-    docs = render(helm, tmp_path, {"peering": {"enabled": False}})
-    assert not by_kind(docs, "ClusterKopfPeering")
-    assert not any("kopf.dev" in rule["apiGroups"] for _, _, rule in rbac_rules(docs))
+def test_standalone_mode_has_no_leader_election(helm: Path, tmp_path: Path) -> None:
+    docs = render(helm, tmp_path, {"leaderElection": {"enabled": False}})
+    assert not any("coordination.k8s.io" in rule["apiGroups"] for _, _, rule in rbac_rules(docs))
     (container,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert container["args"] == ["--standalone"]
-    assert "TOPOTRAIN_PEERING" not in {e["name"] for e in container["env"]}
+    assert "TOPOTRAIN_LEASE_NAME" not in {e["name"] for e in container["env"]}
 
 
-def test_two_replicas_without_peering_are_refused(helm: Path, tmp_path: Path) -> None:
+def test_two_replicas_without_leader_election_are_refused(helm: Path, tmp_path: Path) -> None:
     result = run_helm(helm, "template", "t", str(CHART),
-                      values={"replicaCount": 2, "peering": {"enabled": False}}, tmp=tmp_path)
+                      values={"replicaCount": 2, "leaderElection": {"enabled": False}}, tmp=tmp_path)
     assert result.returncode != 0
-    assert "replicaCount > 1 needs peering.enabled" in result.stderr
+    assert "replicaCount > 1 needs leaderElection.enabled" in result.stderr
+
+
+def test_a_renew_deadline_at_or_past_the_lease_duration_is_refused(helm: Path, tmp_path: Path) -> None:
+    """The leader must stop acting before a standby may take its Lease over."""
+    result = run_helm(helm, "template", "t", str(CHART), tmp=tmp_path,
+                      values={"leaderElection": {"renewDeadlineSeconds": 15, "leaseDurationSeconds": 15}})
+    assert result.returncode != 0
+    assert "retryPeriodSeconds < renewDeadlineSeconds < leaseDurationSeconds" in result.stderr
 
 
 def test_moving_image_tag_is_refused(helm: Path, tmp_path: Path) -> None:
@@ -431,20 +441,14 @@ def test_every_value_is_in_the_schema_and_documented() -> None:
     assert undocumented == []
 
 
-def test_chart_ships_the_trainingjob_and_kopf_peering_crds() -> None:
+def test_chart_ships_the_trainingjob_crd_only() -> None:
+    # (leader election uses the built-in Lease: no kopf peering CRDs are needed any more)
     names = {
         doc["metadata"]["name"]: doc
         for path in sorted((CHART / "crds").glob("*.yaml"))
         for doc in yaml.safe_load_all(path.read_text()) if doc
     }
-    assert set(names) == {
-        "trainingjobs.topotrain.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev",
-    }
-    assert names["clusterkopfpeerings.kopf.dev"]["spec"]["scope"] == "Cluster"
-    assert names["kopfpeerings.kopf.dev"]["spec"]["scope"] == "Namespaced"
-    # kopf patches peers into .status of the main resource: no status subresource.
-    for name in ("clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
-        assert "subresources" not in names[name]["spec"]["versions"][0]
+    assert set(names) == {"trainingjobs.topotrain.io"}
 
 
 def test_operator_image_matches_what_the_chart_expects() -> None:

@@ -63,9 +63,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $ref }}
 {{- end }}
 
-{{/* Name of the kopf peering object(s). */}}
-{{- define "topotrain.peeringName" -}}
-{{- default (include "topotrain.fullname" .) .Values.peering.name }}
+{{/* Name of the leader-election Lease (in the release namespace). */}}
+{{- define "topotrain.leaseName" -}}
+{{- default (include "topotrain.fullname" .) .Values.leaderElection.leaseName }}
 {{- end }}
 
 {{/* Cluster-wide mode: no watchNamespaces given. */}}
@@ -127,15 +127,14 @@ used by the operator; docs/helm.md ("RBAC review") says where.
 {{- end }}
 {{- end }}
 
-{{/* Peering rules: list/watch the kind, touch only the release's own object. */}}
-{{- define "topotrain.peeringRules" -}}
-{{- $resource := ternary "clusterkopfpeerings" "kopfpeerings" (eq (include "topotrain.clusterWide" .) "true") -}}
-# kopf peering: see the other replicas, and announce this one.
-- apiGroups: [kopf.dev]
-  resources: [{{ $resource }}]
-  verbs: [list, watch]
-- apiGroups: [kopf.dev]
-  resources: [{{ $resource }}]
-  resourceNames: [{{ include "topotrain.peeringName" . | quote }}]
-  verbs: [get, patch]
+{{/* Leader election: create the Lease (create cannot be limited to a name), then read and
+renew only the release's own. */}}
+{{- define "topotrain.leaseRules" -}}
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [create]
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  resourceNames: [{{ include "topotrain.leaseName" . | quote }}]
+  verbs: [get, update]
 {{- end }}
