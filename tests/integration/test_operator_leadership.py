@@ -140,9 +140,12 @@ def test_a_stopped_leader_gives_the_lease_up_and_the_standby_acts_at_once(
 
 
 def job_and_pod(cluster: Cluster) -> tuple[dict[str, Any], Any]:
+    """A running one-pod job, then the operator stopped: the test's writes are the only ones."""
     cluster.apply(cluster.manifest("llm", pipeline=1, data=1))
-    gang = wait_for("attempt 0 Running", lambda: cluster.running_gang("llm", 0, 1))
-    return cluster.job("llm"), gang[0]
+    running(cluster, 0)
+    cluster.operator.stop()
+    (pod,) = cluster.pods("llm")
+    return cluster.job("llm"), pod
 
 
 @pytest.fixture
