@@ -81,7 +81,8 @@ class JobLoop:
             while not stopped:
                 event.clear()
                 if self.op.leader is not None and not await self.op.leader.wait_acting(1.0):
-                    continue  # a standby: only the Lease's holder runs passes
+                    PASSES.pass_done()  # a standby waiting for the Lease is not a stuck pass
+                    continue  # only the Lease's holder runs passes
                 try:
                     await self.op.resync_if_due(pods, nodes)
                     requeue = await self.pass_once(pods, nodes, stopped)
@@ -137,8 +138,7 @@ class JobLoop:
         try:
             # Intent first: the status (attempt, restarts, failure) is durable before any pod
             # changes, so an operator killed at any line resumes without losing or repeating it.
-            # Written even when unchanged if the pass acts: the API server checks that the job is
-            # still the version this pass decided from (a fence against a stale view).
+            # Written even unchanged if the pass acts: a compare-and-swap on the version it read.
             await self._write_status(decision.status, fenced=acts(decision))
         except BaseException:
             self.actuator.unreserve(self.key, decision)  # nothing was created: free the GPUs now
