@@ -319,8 +319,7 @@ class JobLoop:
             await asyncio.to_thread(self.queue.finish, view)
 
     async def _write_status(self, status: TrainingJobStatus, fenced: bool = False) -> None:
-        """Write the status if it changed, or with `fenced` (the pass goes on to touch pods)
-        anyway: either way only onto the version of the job the pass read (StaleWrite)."""
+        """Write the status if it changed or `fenced` (pods follow), onto the version read."""
         wire = status.to_wire()
         old = self.op.last_written(self.key, self.uid) or {}
         if wire == old and not fenced:
