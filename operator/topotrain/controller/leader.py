@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol, cast
 
-from topotrain.controller.kube import ApiException, Kube
+from topotrain.controller.kube import ApiException, Kube, StaleWrite
 
 log = logging.getLogger("topotrain.leader")
 LEASE_GROUP, LEASE_VERSION = "coordination.k8s.io", "v1"
@@ -42,6 +42,10 @@ LEASE_GROUP, LEASE_VERSION = "coordination.k8s.io", "v1"
 
 class NotLeader(Exception):
     """A write was about to be made by a replica that does not hold the Lease (kube.py's fence)."""
+
+
+# A write refused by the fence or by the API server's compare-and-swap: the pass ends there.
+STALE = (NotLeader, StaleWrite)
 
 
 class LeaseConflict(Exception):

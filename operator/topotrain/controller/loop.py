@@ -27,8 +27,7 @@ from topotrain.api.status import ConditionType, TrainingJobStatus
 from topotrain.controller.act import Actuator, acts
 from topotrain.controller.health import PASSES
 from topotrain.controller.indexes import IndexedNodes, JobKey, index_values, job_pods_key
-from topotrain.controller.kube import StaleWrite
-from topotrain.controller.leader import NotLeader
+from topotrain.controller.leader import STALE
 from topotrain.controller.metrics import METRICS
 from topotrain.controller.observe import Observer
 from topotrain.controller.process import Operator
@@ -86,7 +85,7 @@ class JobLoop:
                 try:
                     await self.op.resync_if_due(pods, nodes)
                     requeue = await self.pass_once(pods, nodes, stopped)
-                except (NotLeader, StaleWrite) as exc:  # the pass ends; the next decides afresh
+                except STALE as exc:  # the pass ends; the next decides afresh
                     log.info("%s/%s: pass ended before acting on it: %s", *self.key, exc)
                     requeue = 0.2
                 except Exception:  # one job's trouble never stops the others
@@ -116,7 +115,7 @@ class JobLoop:
             spec = TrainingJobSpec.model_validate(dict(self.body.get("spec") or {}))
         except ValidationError as exc:
             rejected = transitions.reject_spec(status, str(exc).splitlines()[0:3], datetime.now(UTC))
-            await self._write_status(rejected.status)
+            self.version = await self.op.write_status(self.key, self.uid, rejected.status, self.version)
             return None
         view = self.queue_view = None
         self.actuator.queued = queue_name(self.body) is not None
@@ -139,7 +138,8 @@ class JobLoop:
             # Intent first: the status (attempt, restarts, failure) is durable before any pod
             # changes, so an operator killed at any line resumes without losing or repeating it.
             # Written even unchanged if the pass acts: a compare-and-swap on the version it read.
-            await self._write_status(decision.status, fenced=acts(decision))
+            self.version = await self.op.write_status(self.key, self.uid, decision.status, self.version,
+                                                      fenced=acts(decision))
         except BaseException:
             self.actuator.unreserve(self.key, decision)  # nothing was created: free the GPUs now
             raise
@@ -208,7 +208,7 @@ class JobLoop:
         self.actuator.seen = {str(p["metadata"]["name"]): p for p in look.pods}
         try:
             refused = await self.actuator.apply_in_thread(self.key, self.body, spec, decision)
-        except (NotLeader, StaleWrite):
+        except STALE:
             self.actuator.unreserve(self.key, decision)  # the pods it created show up in the watch
             raise
         if self.actuator.gone and (ghosts := self.op.ghosts.mark(look.pods, self.key[0], self.actuator.gone)):
@@ -317,25 +317,6 @@ class JobLoop:
             await asyncio.to_thread(self.queue.release, view)
         if decision.status.phase in ("Succeeded", "Failed") and view.workload is not None:
             await asyncio.to_thread(self.queue.finish, view)
-
-    async def _write_status(self, status: TrainingJobStatus, fenced: bool = False) -> None:
-        """Write the status if it changed or `fenced` (pods follow), onto the version read."""
-        wire = status.to_wire()
-        old = self.op.last_written(self.key, self.uid) or {}
-        if wire == old and not fenced:
-            return
-        try:
-            self.version = await asyncio.to_thread(
-                self.op.kube.patch_status, *self.key, old, wire, self.uid or None, self.version)
-        except Exception:
-            # Refused (this object is gone, or the status is not what we last wrote): the next
-            # pass starts again from the object as the watch shows it.
-            if self.op.last_written(self.key, self.uid) is not None:
-                self.op.written.pop(self.key, None)
-                self.op.versions.pop(self.key, None)
-            raise
-        self.op.written[self.key] = (self.uid, wire)
-        self.op.versions[self.key] = self.version
 
     def _observe_metrics(self, decision: Decision, ckpt: CheckpointView | None) -> None:
         namespace, name = self.key

@@ -19,6 +19,7 @@ from typing import Any
 
 import kopf
 
+from topotrain.api.status import TrainingJobStatus
 from topotrain.controller.fleet import Fleet
 from topotrain.controller.indexes import JobKey, index_values, job_of
 from topotrain.controller.kube import Kube
@@ -84,6 +85,27 @@ class Operator:
             self.written.clear()
             self.versions.clear()
             self.wake_all()
+
+    async def write_status(self, key: JobKey, uid: str, status: TrainingJobStatus,
+                           version: str | None, fenced: bool = False) -> str | None:
+        """Write a job's status if it changed, or with `fenced` (the pass goes on to touch pods)
+        anyway: either way only onto `version`, the job's resourceVersion the pass read
+        (StaleWrite otherwise). Returns the version to test next."""
+        wire = status.to_wire()
+        old = self.last_written(key, uid) or {}
+        if wire == old and not fenced:
+            return version
+        try:
+            version = await asyncio.to_thread(self.kube.patch_status, *key, old, wire, uid or None, version)
+        except Exception:
+            # Refused (this object is gone, or the status is not what we last wrote): the next
+            # pass starts again from the object as the watch shows it.
+            if self.last_written(key, uid) is not None:
+                self.written.pop(key, None)
+                self.versions.pop(key, None)
+            raise
+        self.written[key], self.versions[key] = (uid, wire), version
+        return version
 
     def read_version(self, key: JobKey, uid: str, body: Any) -> str | None:
         """The resourceVersion a pass decides from, which its writes test (compare-and-swap): the
