@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -74,6 +75,32 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class PortForward:
+    """`kubectl port-forward` to a Service, started again on the same local port whenever it has
+    died: a port-forward ends with its connection to the API server, and on a loaded machine the
+    control plane's API server can restart under a test (seen in a flake hunt with the load
+    average at 90: one restart made every later test's S3 calls fail with "connection refused")."""
+
+    def __init__(self, kube: Kube, namespace: str, service: str, remote: int) -> None:
+        self._argv = ["kubectl", "--kubeconfig", str(kube.kubeconfig), "-n", namespace,
+                      "port-forward", f"service/{service}", f"{_free_port()}:{remote}"]  # fmt: skip
+        self.port = int(self._argv[-1].split(":")[0])
+        self._proc: subprocess.Popen[str] | None = None
+        self._lock = threading.Lock()
+
+    def ensure(self) -> None:
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._proc = subprocess.Popen(self._argv, stdout=subprocess.DEVNULL,
+                                              stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+
+    def close(self) -> None:
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is None:
+                self._proc.terminate()
+                self._proc.wait(10)
+
+
 @dataclass(frozen=True)
 class S3Access:
     """The in-cluster S3 server, reached from this machine through kubectl port-forward."""
@@ -81,14 +108,23 @@ class S3Access:
     endpoint: str
     access_key: str
     secret_key: str
+    forward: PortForward | None = None
 
     def client(self) -> Any:
+        """A client through the port-forward, which is started again first if it died, and
+        answers before the client is handed out (up to 60 s: the API server it goes through may
+        be restarting)."""
         import boto3
 
-        return boto3.client(
+        if self.forward is not None:
+            self.forward.ensure()
+        client = boto3.client(
             "s3", endpoint_url=self.endpoint, aws_access_key_id=self.access_key,
             aws_secret_access_key=self.secret_key, region_name="us-east-1",
         )  # fmt: skip
+        if self.forward is not None:
+            wait_for(lambda: _answers(client, self.forward), 60, "kubectl port-forward to the S3 service")
+        return client
 
 
 @pytest.fixture(scope="session")
@@ -97,26 +133,23 @@ def s3_access(kube: Kube, kind_env: KindEnv) -> Iterator[S3Access]:
 
     secret = kube.core.read_namespaced_secret(kind_env.s3_secret, kind_env.namespace)
     data = {k: base64.b64decode(v).decode() for k, v in secret.data.items()}
-    port = _free_port()
-    forward = subprocess.Popen(
-        ["kubectl", "--kubeconfig", str(kube.kubeconfig), "-n", "topotrain-s3",
-         "port-forward", "service/s3", f"{port}:7070"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    access = S3Access(f"http://127.0.0.1:{port}", data["AWS_ACCESS_KEY_ID"], data["AWS_SECRET_ACCESS_KEY"])
+    forward = PortForward(kube, "topotrain-s3", "s3", 7070)
+    access = S3Access(f"http://127.0.0.1:{forward.port}", data["AWS_ACCESS_KEY_ID"],
+                      data["AWS_SECRET_ACCESS_KEY"], forward)  # fmt: skip
     try:
-        wait_for(lambda: _answers(access), 30, "kubectl port-forward to the S3 service")
+        access.client()
         yield access
     finally:
-        forward.terminate()
-        forward.wait(10)
+        forward.close()
 
 
-def _answers(access: S3Access) -> bool:
+def _answers(client: Any, forward: PortForward | None) -> bool:
     try:
-        access.client().list_buckets()
+        client.list_buckets()
         return True
     except Exception:
+        if forward is not None:
+            forward.ensure()
         return False
 
 
@@ -140,8 +173,47 @@ def wait_for(check: Callable[[], Any], timeout: float, what: str, every: float =
         time.sleep(every)
 
 
+# What kubectl says when the API server is briefly away (restarting, or its etcd slow under load):
+# a read is tried again for up to TRANSIENT_SECONDS. Anything else fails at once, with kubectl's
+# own words in the error.
+TRANSIENT = ("connection refused", "unable to connect to the server", "the server is currently unable",
+             "etcdserver: request timed out", "etcdserver: leader changed", "tls handshake timeout",
+             "i/o timeout", "connection reset by peer", "http2: client connection lost",
+             "context deadline exceeded", "the server was unable to return a response",
+             "unexpected eof", ": eof")  # fmt: skip
+TRANSIENT_SECONDS = 120.0
+
+
+def transient(stderr: str) -> bool:
+    text = stderr.lower()
+    return any(t in text for t in TRANSIENT)
+
+
+class KubectlError(AssertionError):
+    """kubectl failed for a reason other than the API server being away; says kubectl's words."""
+
+    def __init__(self, args: tuple[str, ...], done: subprocess.CompletedProcess[str]) -> None:
+        super().__init__(f"kubectl {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()[-800:]}")
+        self.stderr = done.stderr
+
+
+def kubectl(kube: Kube, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """kubectl, tried again while the API server is away (for reads and idempotent writes:
+    get, apply, scale, logs)."""
+    deadline = time.monotonic() + TRANSIENT_SECONDS
+    env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig)}
+    while True:
+        done = subprocess.run(["kubectl", *args], input=stdin, env=env, capture_output=True, text=True)
+        if done.returncode == 0:
+            return done
+        if not transient(done.stderr) or time.monotonic() > deadline:
+            raise KubectlError(args, done)
+        time.sleep(2)
+
+
 def kubectl_json(kube: Kube, *args: str) -> Any:
-    return json.loads(kube.kubectl(*args, "-o", "json").stdout)
+    """`kubectl ... -o json` (a read), parsed; tried again while the API server is away."""
+    return json.loads(kubectl(kube, *args, "-o", "json").stdout)
 
 
 def service_nodes(kube: Kube, kind_env: KindEnv) -> dict[str, str]:
@@ -176,12 +248,16 @@ def scrape(kube: Kube, kind_env: KindEnv, url: str, timeout: float = 120) -> str
             "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False},
         }],
     }}  # fmt: skip
-    kube.kubectl("-n", kind_env.namespace, "run", pod, "--restart=Never", f"--image={image}",
-                 f"--overrides={json.dumps(overrides)}")  # fmt: skip
+    try:
+        kubectl(kube, "-n", kind_env.namespace, "run", pod, "--restart=Never", f"--image={image}",
+                f"--overrides={json.dumps(overrides)}")  # fmt: skip
+    except KubectlError as err:  # a retried create whose first try had landed
+        if "AlreadyExists" not in err.stderr:
+            raise
     try:
         wait_for(lambda: kubectl_json(kube, "-n", kind_env.namespace, "get", "pod", pod)["status"].get(
             "phase") in ("Succeeded", "Failed"), timeout, f"pod {pod} to finish")  # fmt: skip
-        text = kube.kubectl("-n", kind_env.namespace, "logs", pod).stdout
+        text = kubectl(kube, "-n", kind_env.namespace, "logs", pod).stdout
         phase = kubectl_json(kube, "-n", kind_env.namespace, "get", "pod", pod)["status"]["phase"]
         assert phase == "Succeeded", f"GET {url} from {pod}: {text[-2000:]}"
         return str(text)

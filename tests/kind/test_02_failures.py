@@ -15,7 +15,7 @@ from typing import Any
 from topotrain.core.manifests import CONTAINER
 
 from testbed.kube import Kube
-from tests.kind.conftest import KindEnv, kubectl_json, service_nodes, wait_for
+from tests.kind.conftest import KindEnv, KubectlError, kubectl_json, service_nodes, wait_for
 from tests.kind.jobs import (
     INTERVAL,
     REFERENCE,
@@ -122,7 +122,7 @@ def test_trainer_container_killed_restarts_the_gang_in_place(
         subprocess.run(["docker", "exec", node, "kill", "-9", pid], check=True)
 
         def terminated() -> dict[str, Any] | None:
-            with contextlib.suppress(subprocess.CalledProcessError):
+            with contextlib.suppress(KubectlError):
                 status = kubectl_json(kube, "-n", kind_env.namespace, "get", "pod", pod)["status"]
                 state = status.get("containerStatuses", [{}])[0].get("state", {})
                 return state.get("terminated")  # type: ignore[no-any-return]

@@ -12,7 +12,7 @@ from topotrain.contract import DEFAULT_METRICS_PORT
 from topotrain.core.manifests import INDEX_LABEL
 
 from testbed.kube import Kube
-from tests.kind.conftest import KindEnv, scrape, wait_for
+from tests.kind.conftest import KindEnv, kubectl, scrape, wait_for
 from tests.kind.jobs import REFERENCE, KindJob, assert_losses_match, losses, running_job
 
 # The attempts at dp=2 and then dp=1 hold at HOLD (training.holdAtStep, a test aid) until a
@@ -55,10 +55,10 @@ def test_kubectl_scale_shrinks_and_grows_the_data_degree(
         step = next(float(line.split()[1]) for line in text.splitlines() if line.startswith("topotrain_step "))
         assert step >= 4, text[-2000:]
         assert 'topotrain_checkpoints_total{outcome="committed"}' in text, text[-2000:]
-        kube.kubectl("-n", kind_env.namespace, "scale", "trainingjob", job.name, "--replicas=1")
+        kubectl(kube, "-n", kind_env.namespace, "scale", "trainingjob", job.name, "--replicas=1")
         wait_for(_running_at(job, 1), 600, "the job Running at dp=1")
         assert len([p for p in job.pods() if p["status"].get("phase") == "Running"]) == 2
-        kube.kubectl("-n", kind_env.namespace, "scale", "trainingjob", job.name, "--replicas=2")
+        kubectl(kube, "-n", kind_env.namespace, "scale", "trainingjob", job.name, "--replicas=2")
         wait_for(_running_at(job, 2), 600, "the job back at dp=2")
         job.wait_phase("Succeeded")
         merged: dict[int, float] = {}
