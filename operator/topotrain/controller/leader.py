@@ -256,27 +256,28 @@ class Leadership:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         timing = self.elector.timing
-        try:
-            while True:
-                try:
-                    await loop.run_in_executor(self._thread, self.elector.try_once)
-                except Exception as exc:  # the API server is unwell: acting() runs out by itself
-                    log.warning("leader election: the Lease could not be read or written: %s", exc)
-                self._note()
-                # Wake when the fence would close, if that comes before the next try, to say so.
-                delay, at = timing.retry_period, self.elector.renewed_at
-                if self.elector.acting() and at is not None:
-                    delay = min(delay, timing.renew_deadline - (self.elector.clock() - at) + 0.01)
-                await asyncio.sleep(max(0.01, delay))
-                self._note()
-        finally:
-            self._thread.shutdown(wait=False)
+        while True:
+            try:
+                await loop.run_in_executor(self._thread, self.elector.try_once)
+            except Exception as exc:  # the API server is unwell: acting() runs out by itself
+                log.warning("leader election: the Lease could not be read or written: %s", exc)
+            self._note()
+            # Wake when the fence would close, if that comes before the next try, to say so.
+            delay, at = timing.retry_period, self.elector.renewed_at
+            if self.elector.acting() and at is not None:
+                delay = min(delay, timing.renew_deadline - (self.elector.clock() - at) + 0.01)
+            await asyncio.sleep(max(0.01, delay))
+            self._note()
 
     async def release(self) -> None:
+        """After `run` was cancelled: give the Lease up (in the elector's thread, after any try
+        still running there), then close that thread."""
         try:
             await asyncio.get_running_loop().run_in_executor(self._thread, self.elector.release)
         except Exception as exc:
             log.warning("leader election: the Lease could not be released: %s", exc)
+        finally:
+            self._thread.shutdown(wait=False)
         self._note()
 
     def _note(self) -> None:
