@@ -128,3 +128,33 @@ def test_suspend_deactivates_the_workload_and_a_finished_job_creates_none() -> N
     view = link(fresh).observe(BODY, SPEC, finished=True)
     assert view is not None and view.workload is None and not fresh.workloads
     assert link(fresh).observe({"metadata": {"name": "llm"}}, SPEC) is None  # no queue label
+
+
+def test_an_evicted_workload_is_released_once_and_handed_back_only_while_admitted() -> None:
+    """The quota goes back in one patch: a Workload with no admission left is not written again
+    (each write's Workload event woke the job for another pass that wrote it again, every ~2 s
+    until Kueue readmitted the job). A hand-back evicts only a Workload still admitted."""
+    kube = FakeKube()
+    q = link(kube)
+    q.observe(BODY, SPEC)
+    admit(kube)
+    view = q.observe(BODY, SPEC)
+    assert view is not None and view.gate.admitted
+    q.hand_back(view, "node n1 (not Ready) of Kueue's topology assignment is lost ...")
+    (workload_name, patch, status), = kube.patches
+    evicted = [c for c in patch["status"]["conditions"] if c["type"] == "Evicted"]
+    assert workload_name == "trainingjob-llm" and status and evicted[0]["reason"] == "NodeFailures" and "n1 (not Ready)" in evicted[0]["message"]
+    wl = kube.workloads["trainingjob-llm"]
+    wl["status"]["conditions"] = patch["status"]["conditions"]  # as the API server applies it
+    view = q.observe(BODY, SPEC)
+    assert view is not None and view.gate.evicted
+    q.hand_back(view, "again")
+    assert len(kube.patches) == 1, "an evicted Workload is not handed back twice"
+    q.release(view)
+    assert len(kube.patches) == 2 and kube.patches[1][1]["status"]["admission"] is None
+    wl["status"] = {**wl["status"], **kube.patches[1][1]["status"]}
+    wl["status"].pop("admission")
+    view = q.observe(BODY, SPEC)
+    assert view is not None and view.gate.evicted
+    q.release(view)
+    assert len(kube.patches) == 2, "released once; nothing to give back any more"

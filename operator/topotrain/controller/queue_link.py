@@ -120,8 +120,10 @@ class QueueLink:
                          kueue_admission.assigned_hosts(workload, self.levels.host))
 
     def release(self, view: QueueView) -> None:
-        """Give an evicted Workload's quota back (its gang is gone), so Kueue requeues it."""
-        if view.workload is None or kueue_admission.admission_of(view.workload) is None:
+        """Give an evicted Workload's quota back (its gang is gone), so Kueue requeues it. Once
+        given back (no admission left) nothing is written: every pass until Kueue admits the job
+        again would otherwise patch the Workload, whose event wakes the job for the next pass."""
+        if view.workload is None or not (view.workload.get("status") or {}).get("admission"):
             return
         patch = kueue_admission.release_status(view.workload, iso(datetime.now(UTC)))
         self.kube.patch_workload(self.key[0], self.name, patch, status=True)
