@@ -31,6 +31,7 @@ def test_a_local_dcp_folder_is_uploaded_committed_and_downloaded(
 ) -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+
     from topotrain_sdk.folder import download_folder, upload_folder
     from topotrain_sdk.job import job
     from topotrain_sdk.session import Session

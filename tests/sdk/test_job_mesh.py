@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+
 from topotrain_sdk.contract import ContractError, rank_of
 from topotrain_sdk.job import job
 from topotrain_sdk.mesh import mesh_layout

@@ -12,10 +12,9 @@ import threading
 import time
 from pathlib import Path
 
+from testbed.procs import wait_until
 from topotrain_sdk.contract import EXIT_BAD_CONFIG, EXIT_STOPPED, TrainerEnv, format_control
 from topotrain_sdk.supervisor import Supervisor
-
-from testbed.procs import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 # A worker that records its environment, then exits as TOPOTRAIN_TEST_EXIT (JSON: attempt -> code)

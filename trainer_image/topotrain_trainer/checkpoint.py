@@ -15,13 +15,14 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+
 from topotrain_sdk.dcp import Checkpointer as Checkpointer
 from topotrain_sdk.dcp import Heartbeat as Heartbeat
 from topotrain_sdk.dcp import RestoreStats as RestoreStats
 from topotrain_sdk.dcp import make_stager as make_stager
 from topotrain_sdk.dcp import staging_options as staging_options
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
-from torch.distributed.checkpoint.stateful import Stateful
 
 # Optimizer state keyed per parameter name (not per param group), so a pipeline
 # stage loads exactly its parameters' state from a checkpoint of any split.
