@@ -24,6 +24,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,18 +61,27 @@ PROCESS_START = process_start()
 class Session:
     """One process's checkpoints, heartbeat and step boundaries in its job."""
 
-    def __init__(self, job: Job, *, staging: Path | None = None,
-                 heartbeat_seconds: float = HEARTBEAT_SECONDS) -> None:  # fmt: skip
+    def __init__(
+        self, job: Job, *, staging: Path | None = None, heartbeat_seconds: float = HEARTBEAT_SECONDS,
+        emit: Callable[[dict[str, Any]], None] | None = None, checkpointer: Checkpointer | None = None,
+        heartbeat: Heartbeat | None = None, overlap: bool = False, blocking: bool = False,
+    ) -> None:
+        """`emit`, `checkpointer`, `heartbeat`: a trainer's own (the bundled trainer's metrics and
+        checkpointer); `overlap`: `save` returns before the state copy is done, and the trainer
+        calls `Checkpointer.staged()` before its optimizer step; `blocking`: every save commits
+        before training goes on."""
         self.job = job
         self.store = CheckpointStore(job.checkpoint_prefix) if job.checkpoint_prefix else None
         self.staging = staging or Path(tempfile.gettempdir()) / f"topotrain-{job.name or 'job'}"
         self.heartbeat_seconds = heartbeat_seconds
+        self._emit = emit
+        self.overlap, self.blocking = overlap, blocking
         # SIGTERM is acted on at the next step boundary; after serving a planned stop's request
         # the gang waits (up to spec.training.plannedStopSeconds) for the operator's SIGTERM.
         pause = float(job.training.get("plannedStopSeconds", PLANNED_STOP_SECONDS))
         self.control = Control(job.rank, attempt=job.attempt, pause_seconds=pause)
-        self._checkpointer: Checkpointer | None = None
-        self._heartbeat: Heartbeat | None = None
+        self._checkpointer: Checkpointer | None = checkpointer
+        self._heartbeat: Heartbeat | None = heartbeat
         self._last_beat: float | None = None
         self.load_seconds = 0.0
         self.hold_at = int(job.training.get("holdAtStep", 0) or 0)
@@ -79,8 +89,10 @@ class Session:
         self.released = False
 
     def emit(self, event: dict[str, Any]) -> None:
-        """A JSON log line, from global rank 0 only."""
-        if self.job.rank == 0:
+        """A JSON log line, from global rank 0 only (or the trainer's own `emit`)."""
+        if self._emit is not None:
+            self._emit(event)
+        elif self.job.rank == 0:
             print(json.dumps(event), flush=True)
 
     # --- checkpoints ---------------------------------------------------------
@@ -136,8 +148,10 @@ class Session:
         checkpointer = self.checkpointer()
         if checkpointer is None:
             return
-        checkpointer.save(step, state, blocking=blocking, request=request or self.control.served)
-        checkpointer.staged()  # the optimizer may change the parameters from here on
+        checkpointer.save(step, state, blocking=blocking or self.blocking,
+                          request=request or self.control.served)  # fmt: skip
+        if not self.overlap:
+            checkpointer.staged()  # the optimizer may change the parameters from here on
 
     def wait(self) -> None:
         """Block until the save in flight has committed (or failed)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import tempfile
@@ -12,13 +13,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from topotrain.checkpoints import CheckpointStore, ServedRequest
+from topotrain.checkpoints import CheckpointStore
 from topotrain.contract import TrainerEnv
 from torch.optim.lr_scheduler import LambdaLR
 
+from topotrain_sdk.job import Job as SdkJob
+from topotrain_sdk.session import Session
 from topotrain_trainer.checkpoint import AppState, Checkpointer, Heartbeat, Progress
 from topotrain_trainer.config import TrainingConfig
-from topotrain_trainer.control import Control, Decision, exit_code
 from topotrain_trainer.data import BatchLoader, TokenDataset, ensure_synthetic
 from topotrain_trainer.metrics import Metrics
 from topotrain_trainer.model import model_config
@@ -45,7 +47,6 @@ def process_start() -> datetime:
 
 
 PROCESS_START = process_start()
-HOLD_POLL_SECONDS = 0.5  # how often a held gang looks at its control file
 
 
 def train(env: TrainerEnv, config: TrainingConfig) -> None:
@@ -161,8 +162,14 @@ class Job:
                 attempt=env.attempt,
             )
             self.heartbeat = Heartbeat(store, env.attempt) if rank == 0 else None
-        self.control = Control(rank, attempt=env.attempt, pause_seconds=config.planned_stop_seconds)
-        self.released = False  # training.holdAtStep: the hold was released (by this run)
+        # The step boundaries (interval saves, checkpoint requests, SIGTERM, planned stops, holds)
+        # are the SDK's Session, with this trainer's metrics, checkpointer and heartbeat; its saves
+        # overlap the state copy with the next step (train_step waits in `staged()`).
+        training = json.loads(env.training_config or "{}")
+        described = SdkJob(env, rank, int(os.environ.get("LOCAL_RANK", "0")), True, training)
+        self.session = Session(described, emit=self.metrics.emit, checkpointer=self.checkpointer,
+                               heartbeat=self.heartbeat, overlap=True, blocking=config.sync_checkpoint)
+        self.control = self.session.control
 
     @classmethod
     def setup(cls, env: TrainerEnv, config: TrainingConfig) -> Job:
@@ -190,57 +197,19 @@ class Job:
         """After a step: the interval's save, the operator's checkpoint request, and SIGTERM
         (save this step, wait for COMMITTED, then stop: returns the exit code). `held`: a
         hold's poll at a boundary already passed (no interval save; a release ends the hold)."""
-        decision = self.control.poll(held)
-        if decision.stop:
-            return self.stop(step, decision)
-        self.released = self.released or decision.released
-        due = not held and bool(self.interval) and step % self.interval == 0
-        if self.checkpointer is not None and (due or decision.checkpoint):
-            self.checkpointer.save(step, self.app, blocking=self.config.sync_checkpoint,
-                                   request=self.control.served)  # fmt: skip
-        if decision.checkpoint and self.checkpointer is not None:
-            self.served(step, decision)
-        return None
+        return self.session.boundary(step, self.app, held=held)
 
     def holding(self, step: int) -> bool:
         """training.holdAtStep (a test aid): an attempt that holds, at or past the step, not
         released yet."""
-        hold = self.config.hold_at_step
-        return (bool(hold) and step >= hold and self.env.attempt < self.config.hold_attempts
-                and not self.released)  # fmt: skip
+        return self.session.holding(step)
 
     def hold(self, step: int) -> int | None:
         """Wait at this step boundary while the gang is held (a test aid) or paused after serving a
         planned stop's checkpoint request (control.py), serving checkpoint requests and SIGTERM
         meanwhile (returns the exit code of a stop). The operator sees no progress while a gang
         waits, so a hold longer than progressTimeoutSeconds is a hang."""
-        planned = self.control.paused
-        self.metrics.emit({"event": "paused" if planned else "held", "step": step})
-        while self.control.paused or self.holding(step):
-            time.sleep(HOLD_POLL_SECONDS)
-            stopped = self.at_boundary(step, held=True)
-            if stopped is not None:
-                return stopped
-        self.metrics.emit({"event": "resumed" if planned else "released", "step": step})
-        return None
-
-    def stop(self, step: int, decision: Decision) -> int:
-        committed = False
-        if self.checkpointer is not None:
-            committed = self.checkpointer.save_and_commit(step, self.app, self.control.served)
-        if decision.checkpoint and self.checkpointer is not None:
-            self.served(step, decision)
-        code = exit_code(self.control.terminated, committed)
-        self.metrics.emit({"event": "stopped", "step": step, "committed": committed,
-                           "reason": "SIGTERM", "exit_code": code})  # fmt: skip
-        return code
-
-    def served(self, step: int, decision: Decision) -> None:
-        """Record (rank 0) that the save of `step` serves the request, in progress.json too."""
-        self.metrics.emit({"event": "checkpoint_requested", "step": step, "request": decision.request})
-        if self.heartbeat is not None and decision.request:
-            self.heartbeat.request = ServedRequest(decision.request, step)
-            self.heartbeat.beat(step)
+        return self.session.hold(step, self.app)
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[float, float]:
         """One optimizer step over this rank's share of the global batch: (loss, grad norm)."""
