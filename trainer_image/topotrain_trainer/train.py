@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import tempfile
@@ -165,8 +164,9 @@ class Job:
         # The step boundaries (interval saves, checkpoint requests, SIGTERM, planned stops, holds)
         # are the SDK's Session, with this trainer's metrics, checkpointer and heartbeat; its saves
         # overlap the state copy with the next step (train_step waits in `staged()`).
-        training = json.loads(env.training_config or "{}")
-        described = SdkJob(env, rank, int(os.environ.get("LOCAL_RANK", "0")), True, training)
+        waits = {"holdAtStep": config.hold_at_step, "holdAttempts": config.hold_attempts,
+                 "plannedStopSeconds": config.planned_stop_seconds}  # validated, either spelling
+        described = SdkJob(env, rank, int(os.environ.get("LOCAL_RANK", "0")), True, waits)
         self.session = Session(described, emit=self.metrics.emit, checkpointer=self.checkpointer,
                                heartbeat=self.heartbeat, overlap=True, blocking=config.sync_checkpoint)
         self.control = self.session.control
