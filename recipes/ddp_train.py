@@ -13,11 +13,12 @@ SIGTERM save, commit and exit 75 (docs/byo-trainer.md).
 
 import os
 
-import topotrain_sdk as tt  # topotrain
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+import topotrain_sdk as tt  # topotrain
 
 STEPS = int(os.environ.get("STEPS", "12"))
 GLOBAL_BATCH = 32
