@@ -28,6 +28,7 @@ from testbed.procs import wait_until
 from testbed.tcpproxy import TcpProxy
 
 pytestmark = pytest.mark.integration
+RESYNC_DONE = "resync done: the pod and node indexes compared"
 GHOST_LINE = re.compile(r"node\(s\) two LISTs do not .*: leaving them out from now on: (.*)")
 
 
@@ -46,15 +47,16 @@ def test_a_node_deleted_while_the_watch_was_away_leaves_the_fleet_and_no_gang_is
     operator = OperatorProcess(proxy.kubeconfig(kube.kubeconfig, tmp_path / "kubeconfig"), namespace,
                                tmp_path / "operator.log", env={"TOPOTRAIN_RESYNC_SECONDS": "600"})
     cluster = Cluster(kube, namespace, operator.start())
-    started = time.monotonic()
     try:
         nodes = cluster.add_nodes(racks=1, per_rack=2)
         cluster.apply(cluster.manifest("first", tensor=8, pipeline=1, data=1))
         busy = wait_for("first Running", lambda: cluster.running_gang("first", 0, 1))[0].spec.node_name
         (free,) = set(nodes) - {busy}
-        # Past the start-up LISTs (process.py STARTUP_SECONDS) and the first periodic resync: the
-        # next periodic one is 600 s away, so only the re-list can bring it within this test.
-        time.sleep(max(0.0, started + STARTUP_SECONDS + 8 - time.monotonic()))
+        # Past the start-up LISTs (process.py STARTUP_SECONDS) and the first periodic resync, seen
+        # in the operator's log (not a sleep: a loaded machine starts the operator late): the next
+        # periodic one is 600 s away, so only the re-list can bring it within this test.
+        wait_for("the operator's first resync", lambda: RESYNC_DONE in operator.log.read_text(errors="replace"),
+                 timeout=STARTUP_SECONDS + 180)
 
         proxy.cut()  # the operator's watches are away from here
         delete_node(kube.kubeconfig, free)

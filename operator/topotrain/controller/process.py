@@ -168,6 +168,7 @@ class Operator:
             return
         finally:
             self._resyncing, self._next_resync = False, time.monotonic() + every
+        log.info("resync done: the pod and node indexes compared with the API server's LISTs")
         if found:
             names = sorted(f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}" for p in found)
             log.warning("the watch cache shows %d pod(s) two LISTs do not (deletions the watch "
