@@ -65,7 +65,7 @@ class KindJob:
     env: KindEnv
     name: str
     logs: Path
-    _followers: dict[str, tuple[subprocess.Popen[str], bool]] = field(default_factory=dict)
+    _followers: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
     # every pod seen while the job ran, last observed state (the operator deletes a
     # finished job's pods)
     seen: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -101,30 +101,21 @@ class KindJob:
                 for pod in self.pods():
                     name = pod["metadata"]["name"]
                     self.seen[name] = pod
-                    if pod["metadata"]["labels"].get(INDEX_LABEL) == "0":
-                        self._follow_pod(pod)
-
-    def _follow_pod(self, pod: dict[str, Any]) -> None:
-        """`kubectl logs -f` of a pod 0 into its file, from the start: started once its container
-        runs or ran (`kubectl logs -f` on a container still being created, its image unpacking,
-        fails at once and is not retried), and started again (rewriting the file) when it ended
-        before the container did: a follow ends with its connection to the API server, which a
-        loaded machine's control plane can drop."""
-        name, labels = pod["metadata"]["name"], pod["metadata"]["labels"]
-        states = [s.get("state", {}) for s in pod.get("status", {}).get("containerStatuses") or []]
-        finished = any(s.get("terminated") for s in states)
-        if not (finished or any(s.get("running") for s in states)):
-            return
-        proc, complete = self._followers.get(name, (None, False))
-        if proc is not None and (proc.poll() is None or complete):
-            return  # following, or it read a finished container's whole log
-        out = (self.logs / f"a{labels[ATTEMPT_LABEL]}-{name}.log").open("w")
-        proc = subprocess.Popen(
-            ["kubectl", "--kubeconfig", str(self.kube.kubeconfig), "-n", self.env.namespace,
-             "logs", "-f", name, "-c", CONTAINER],
-            stdout=out, stderr=subprocess.DEVNULL, text=True,
-        )  # fmt: skip
-        self._followers[name] = (proc, finished)
+                    labels = pod["metadata"]["labels"]
+                    # Only once the container runs (or ran): `kubectl logs -f` on a container still
+                    # being created (its image unpacking) fails at once and is not retried.
+                    started = any(
+                        s.get("state", {}).get("running") or s.get("state", {}).get("terminated")
+                        for s in pod.get("status", {}).get("containerStatuses") or []
+                    )
+                    if labels.get(INDEX_LABEL) != "0" or name in self._followers or not started:
+                        continue
+                    out = (self.logs / f"a{labels[ATTEMPT_LABEL]}-{name}.log").open("w")
+                    self._followers[name] = subprocess.Popen(
+                        ["kubectl", "--kubeconfig", str(self.kube.kubeconfig), "-n", self.env.namespace,
+                         "logs", "-f", name, "-c", CONTAINER],
+                        stdout=out, stderr=subprocess.STDOUT, text=True,
+                    )  # fmt: skip
 
     def seen_pods(self, attempt: int) -> list[dict[str, Any]]:
         return [p for p in self.seen.values() if p["metadata"]["labels"].get(ATTEMPT_LABEL) == str(attempt)]
@@ -153,7 +144,7 @@ class KindJob:
 
     def close(self) -> None:
         self._stop.set()
-        for proc, _ in self._followers.values():
+        for proc in self._followers.values():
             proc.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(5)

@@ -89,7 +89,8 @@ def test_worker_node_paused_gang_restarts_on_healthy_workers(
         wait_for(lambda: _committed(job) >= 4, 600, "a committed checkpoint", every=1)
         lost = _worker_to_lose(kube, kind_env, job)
         committed = _committed(job)
-        subprocess.run(["docker", "pause", lost], check=True, capture_output=True)
+        paused = subprocess.run(["docker", "pause", lost], capture_output=True, text=True)
+        assert paused.returncode == 0, f"docker pause {lost}: {paused.stderr.strip()}"
         try:
             _gang_on_lost_node_restarts_elsewhere(kube, job, lost, committed)
         finally:

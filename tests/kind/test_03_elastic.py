@@ -57,7 +57,9 @@ def test_kubectl_scale_shrinks_and_grows_the_data_degree(
         assert 'topotrain_checkpoints_total{outcome="committed"}' in text, text[-2000:]
         kubectl(kube, "-n", kind_env.namespace, "scale", "trainingjob", job.name, "--replicas=1")
         wait_for(_running_at(job, 1), 600, "the job Running at dp=1")
-        assert len([p for p in job.pods() if p["status"].get("phase") == "Running"]) == 2
+        # the old gang's pods end once their SIGTERM save is done (phase Running while they stop)
+        wait_for(lambda: len([p for p in job.pods() if p["status"].get("phase") == "Running"]) == 2, 120,
+                 "exactly the two pods of dp=1 Running")  # fmt: skip
         kubectl(kube, "-n", kind_env.namespace, "scale", "trainingjob", job.name, "--replicas=2")
         wait_for(_running_at(job, 2), 600, "the job back at dp=2")
         job.wait_phase("Succeeded")
