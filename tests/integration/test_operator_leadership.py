@@ -53,6 +53,7 @@ def replicas(kube: Kube, namespace: str, tmp_path: Path) -> Iterator[tuple[Clust
     try:
         wait_for("replica-a to hold the Lease", lambda: holder(kube, namespace) == "replica-a", 60)
         b.start()
+        wait_for("replica-b up", lambda: "leader election: replica replica-b" in log_text(b), 60)
         yield cluster, a, b
     finally:
         print(f"--- TrainingJobs at the end ---\n{cluster.jobs_summary()}")
@@ -89,7 +90,6 @@ def test_only_the_lease_holder_acts_and_a_paused_one_does_not_act_when_resumed(
 ) -> None:
     cluster, a, b = replicas
     cluster.add_nodes(1, 2)
-    wait_for("replica-b up", lambda: "leader election: replica replica-b" in log_text(b), 60)
     cluster.apply(cluster.manifest("llm", pipeline=1, data=1))
     running(cluster, 0)
     assert set(creators(cluster, "llm").values()) == {"replica-a"}
@@ -125,9 +125,8 @@ def test_only_the_lease_holder_acts_and_a_paused_one_does_not_act_when_resumed(
 def test_a_stopped_leader_gives_the_lease_up_and_the_standby_acts_at_once(
     replicas: tuple[Cluster, OperatorProcess, OperatorProcess],
 ) -> None:
-    cluster, a, b = replicas
+    cluster, a, _ = replicas
     cluster.add_nodes(1, 1)
-    wait_for("replica-b up", lambda: "leader election: replica replica-b" in log_text(b), 60)
     a.stop()  # SIGTERM: the Lease is released on the way out
     wait_for("replica-b to take the released Lease", lambda: holder(cluster.kube, cluster.namespace) == "replica-b",
              5)  # well within the 6 s an expiry would take

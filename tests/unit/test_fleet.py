@@ -23,6 +23,8 @@ from topotrain.controller.snapshot import Ghosts, Ledger, Snapshot
 from topotrain.core.manifests import ATTEMPT_LABEL, INDEX_LABEL, JOB_LABEL, NODE_ANNOTATION
 from topotrain.placement.topology import TopologyLevels
 
+from tests.unit.kopf_index import as_index
+
 LEVELS = TopologyLevels()
 NODES = [f"n{i}" for i in range(6)]
 JOBS = [("ns", "a"), ("ns", "b"), ("other", "a")]
@@ -170,15 +172,6 @@ def test_every_kind_of_single_pod_counts_as_a_recount_does() -> None:
         for asking in (("ns", "a"), ("ns", "b")):
             want = Snapshot.take([node], [pod], Ledger()).inventory(asking, LEVELS, [], {})
             assert Snapshot.take([node], [pod], Ledger(), fleet).inventory(asking, LEVELS, [], {}) == want
-
-
-def as_index(entries: list[dict[Any, Any]]) -> dict[Any, list[Any]]:
-    """Key -> values, standing for a kopf index filled by the operator's index handlers."""
-    index: dict[Any, list[Any]] = {}
-    for filed in entries:
-        for key, value in filed.items():
-            index.setdefault(key, []).append(value)
-    return index
 
 
 @settings(max_examples=300, deadline=None)

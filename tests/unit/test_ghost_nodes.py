@@ -33,6 +33,8 @@ from topotrain.core.manifests import ATTEMPT_LABEL, INDEX_LABEL, JOB_LABEL, NODE
 from topotrain.core.policy import detect_failure
 from topotrain.placement.topology import TopologyLevels
 
+from tests.unit.kopf_index import as_index
+
 LEVELS = TopologyLevels()
 JOB = ("ns", "j")
 
@@ -56,15 +58,6 @@ def planned_pod(on: str) -> dict[str, Any]:
                  "containers": [{"resources": {"limits": {LEVELS.gpu_resource: "8"}}}]},
         "status": {"phase": "Pending"},
     })  # fmt: skip
-
-
-def as_index(entries: list[dict[Any, Any]]) -> dict[Any, list[Any]]:
-    """A fake of a kopf index (key -> values) filled as the operator's index handlers file them."""
-    index: dict[Any, list[Any]] = {}
-    for filed in entries:
-        for key, value in filed.items():
-            index.setdefault(key, []).append(value)
-    return index
 
 
 class FakeLists:

@@ -159,17 +159,26 @@ def test_a_roll_records_the_step_it_restored_and_why() -> None:
     assert d.status.recovery.resume_reason == "the checkpoint the rollout asked for"
 
 
-def test_a_crash_of_the_new_gang_before_its_first_commit_resumes_from_the_rolls_step() -> None:
-    """The store holds the old gang's step 320 (the observer skipped it, resume.Floor): the
-    restart resumes from 303, and status and the Event say which step and why."""
+def _new_gang_crashes_before_its_first_commit(**spec_fields: Any) -> Any:
+    """After the lr roll (step 303 restored), the store also holds the old gang's step 320 (the
+    observer skipped it, resume.Floor); a pod of the new gang fails before its first commit."""
     d, _ = _rolled()
     obs = replace(running_job(), template="new", generation=2, status=d.status)
+    if spec_fields:
+        obs = replace(obs, spec=spec(**spec_fields))
     new = tuple(replace(p, template="new") for p in gang(1))
     seen = view(303, skipped_step=320, skipped_attempt=0)
     _, obs = run(obs, pods=new, now=at(40), checkpoint=seen)
     crashed = list(new)
     crashed[1] = replace(crashed[1], phase="Failed", exit_code=1)
     d, _ = run(obs, pods=tuple(crashed), now=at(45), checkpoint=seen)
+    return d
+
+
+def test_a_crash_of_the_new_gang_before_its_first_commit_resumes_from_the_rolls_step() -> None:
+    """The store holds the old gang's step 320 (the observer skipped it, resume.Floor): the
+    restart resumes from 303, and status and the Event say which step and why."""
+    d = _new_gang_crashes_before_its_first_commit()
     assert d.launch is not None and d.launch.attempt == 2 and d.launch.resume_step == 303
     rec = d.status.recovery
     assert rec is not None and rec.resume_step == 303 and rec.resume_reason is not None
@@ -183,15 +192,7 @@ def test_a_crash_of_the_new_gang_before_its_first_commit_resumes_from_the_rolls_
 
 
 def test_an_in_place_restart_says_which_step_and_why() -> None:
-    d, _ = _rolled()
-    obs = replace(running_job(), spec=spec(restartInPlace=True), template="new", generation=2,
-                  status=d.status)
-    new = tuple(replace(p, template="new") for p in gang(1))
-    seen = view(303, skipped_step=320, skipped_attempt=0)
-    _, obs = run(obs, pods=new, now=at(40), checkpoint=seen)
-    crashed = list(new)
-    crashed[1] = replace(crashed[1], phase="Failed", exit_code=1)
-    d, _ = run(obs, pods=tuple(crashed), now=at(45), checkpoint=seen)
+    d = _new_gang_crashes_before_its_first_commit(restartInPlace=True)
     rec = d.status.recovery
     assert rec is not None and rec.mode == "inPlace" and rec.resume_step == 303
     recovering = d.status.condition(C.RECOVERING)
