@@ -43,10 +43,15 @@ class TrainingConfig:
     max_grad_norm: float = 1.0  # clip the global gradient norm; 0 disables
     steps: int = 100
     seed: int = 1234
-    dataset: str = "synthetic"  # a directory made by `prepare`, or "synthetic"
+    dataset: str = "synthetic"  # a directory or s3://bucket/prefix made by `prepare`, or "synthetic"
+    # Hugging Face Llama weights (safetensors + config.json; a directory or s3://bucket/prefix) to
+    # start from, and where to write the trained weights in that format at the end (hf.py)
+    init_weights: str = ""
+    export_weights: str = ""
     schedule: str = DEFAULT_SCHEDULE  # pipeline schedule: 1f1b | gpipe
     precision: str = "auto"  # auto: bf16 on cuda, fp32 on cpu
     activation_checkpointing: bool = False
+    compile: bool = False  # torch.compile each transformer block (CUDA; needs triton)
     progress_every: int = 10  # steps between progress.json heartbeats and log lines
     metrics_port: int = DEFAULT_METRICS_PORT  # Prometheus port of local rank 0; 0 disables
     staging_dir: str = ""  # local disk for checkpoint staging; default: the temp dir
@@ -124,6 +129,11 @@ class TrainingConfig:
             raise ConfigError(
                 f"tensor={tensor} must divide the heads ({model.n_heads}), kv heads "
                 f"({model.n_kv_heads}) and ffn width ({model.ffn_dim}) of model {self.model}"
+            )
+        if model.tie_embeddings and pipeline > 1:
+            raise ConfigError(
+                f"training.model={self.model!r} ties its output projection to its token embedding "
+                f"(one parameter on the first and last stage): pipeline must be 1, not {pipeline}"
             )
         if pipeline > model.n_layers:
             raise ConfigError(
