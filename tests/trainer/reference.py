@@ -14,6 +14,7 @@ import torch
 from topotrain_trainer.config import TrainingConfig
 from topotrain_trainer.data import BatchLoader, TokenDataset, ensure_synthetic, model_vocab
 from topotrain_trainer.model import Transformer, model_config
+from topotrain_trainer.shards import open_store
 from topotrain_trainer.train import lr_lambda
 
 
@@ -23,8 +24,8 @@ def reference_run(
     """(loss, gradient norm) of each step; `model`: start from it (trained in place) instead of
     the seed's initialisation."""
     root = Path(config.staging_dir or tempfile.mkdtemp())
-    path = ensure_synthetic(root, config.seed) if config.dataset == "synthetic" else Path(config.dataset)
-    dataset = TokenDataset(path, config.seq_len)
+    uri = str(ensure_synthetic(root, config.seed)) if config.dataset == "synthetic" else config.dataset
+    dataset = TokenDataset(open_store(uri), config.seq_len)
     if model is None:
         torch.manual_seed(config.seed)
         model = Transformer(model_config(config.model, model_vocab(dataset.vocab_size)))

@@ -16,7 +16,7 @@ from topotrain_trainer.data import (
     model_vocab,
     synthetic_sentences,
 )
-from topotrain_trainer.sampler import FeistelPermutation, Sampler
+from topotrain_trainer.sampler import FeistelPermutation, Mixture, Sampler, parse_mixture
 from topotrain_trainer.shards import DirStore, S3Store, ShardReader
 from topotrain_trainer.tokens import END_OF_DOCUMENT, eod_id, prepare_dataset, train_bpe
 
@@ -57,6 +57,26 @@ def test_the_sampler_holds_no_permutation() -> None:
     small, huge = Sampler(1000, seed=3), Sampler(500_000_000_000, seed=3)
     assert vars(small).keys() == vars(huge).keys() == {"size", "seed"}
     assert 0 <= huge.index(123_456_789_012) < 500_000_000_000
+
+
+def test_a_mixture_draws_by_the_weights_of_each_steps_stage() -> None:
+    stages = parse_mixture("0:0.7,0.3; 100:0,1", 2)
+    mixture = Mixture([1000, 50], seed=9, global_batch=8, stages=stages)
+    chosen, indices = mixture.pick(0, 800)  # steps 0-99: the first stage
+    assert 0.65 < float(np.mean(chosen == 0)) < 0.75
+    assert indices[chosen == 1].max() < 50 and len(set(indices[chosen == 0].tolist())) == int(np.sum(chosen == 0))
+    later, _ = mixture.pick(800, 80)  # step 100 on: only the second dataset
+    assert (later == 1).all()
+    parts = [mixture.pick(400 + 10 * r, 10) for r in range(4)]  # any split of the counters
+    whole = mixture.pick(400, 40)
+    assert np.array_equal(np.concatenate([p[0] for p in parts]), whole[0])
+    assert np.array_equal(np.concatenate([p[1] for p in parts]), whole[1])
+
+
+@pytest.mark.parametrize("text", ["", "5:1,1", "0:1", "0:1,1;0:1,2", "0:0,0", "0:-1,2"])
+def test_a_mixture_that_cannot_be_drawn_from_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="stage|step 0"):
+        parse_mixture(text, 2)
 
 
 def prepared(store: DirStore | S3Store, shard_tokens: int = 2048) -> dict[str, object]:
@@ -108,6 +128,17 @@ def test_a_rank_reads_only_its_slice_and_middle_stages_read_nothing(tmp_path: Pa
     assert ranks[0].dataset.reader.stats.bytes == 4 * 17 * 4
     middle = BatchLoader(TokenDataset(tmp_path / "ds", 16), 7, 8, data=2, dp_rank=0, reads=False)
     assert middle.batch_at(40)[0].numel() == 0 and middle.dataset.reader.stats.requests == 0
+
+
+def test_a_batch_of_a_mixture_reads_each_row_from_its_dataset(tmp_path: Path) -> None:
+    prepared(DirStore(tmp_path / "a"))
+    prepared(DirStore(tmp_path / "b"))
+    datasets = [TokenDataset(tmp_path / name, 16) for name in ("a", "b")]
+    loader = BatchLoader(datasets, 7, 8, data=1, dp_rank=0, stages=parse_mixture("0:1,1", 2))
+    chosen, indices = loader.mixture.pick(16, 8)
+    assert set(chosen.tolist()) == {0, 1}
+    expected = np.stack([datasets[k].sample(i) for k, i in zip(chosen, indices, strict=True)])
+    assert np.array_equal(loader.batch_at(16)[0].numpy(), expected[:, :-1])
 
 
 @pytest.mark.s3

@@ -37,7 +37,11 @@ def load() -> tuple[TrainerEnv, TrainingConfig]:
         with_control(env, read_control(control_path()))
     config = TrainingConfig.from_json(env.training_config)
     config.check_mesh(env.tensor, env.pipeline, env.data)
-    vocab = check_vocab(config.dataset, config.model)
+    vocabs = {check_vocab(uri, config.model) for uri in config.datasets()} - {None}
+    if len(vocabs) > 1:
+        raise ConfigError(f"training.dataset={config.dataset!r}: the datasets' vocab_size differ "
+                          f"({sorted(v for v in vocabs if v is not None)}): tokenize them with one tokenizer")  # fmt: skip
+    vocab = max((v for v in vocabs if v is not None), default=None)
     if config.init_weights:  # the weights' shape and vocabulary, before any rank starts
         from topotrain_trainer.weights import job_model
 
@@ -184,16 +188,37 @@ def prepare(argv: list[str]) -> int:
     return 0
 
 
-USAGE = """usage: python -m topotrain_trainer [prepare ...]
+def export(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m topotrain_trainer export",
+        description="Write a committed checkpoint's model as Hugging Face safetensors (one "
+        "process, no GPU needed); S3 credentials and endpoint from AWS_*.")  # fmt: skip
+    parser.add_argument("--checkpoint", required=True,
+                        help="the job's checkpoint prefix: <checkpoint.uri>/<namespace>/<name>")  # fmt: skip
+    parser.add_argument("--step", type=int, help="the committed step (default: the newest)")
+    parser.add_argument("--model", required=True, help="training.model of the job")
+    parser.add_argument("--out", required=True, help="directory or s3://bucket/prefix")
+    args = parser.parse_args(argv)
+    from topotrain_trainer.weights import export_checkpoint
+
+    summary = export_checkpoint(args.checkpoint, args.step, args.model, args.out)
+    print(json.dumps({"event": "weights_exported", **summary}))
+    return 0
+
+
+USAGE = """usage: python -m topotrain_trainer [prepare ... | export ...]
 
 Without arguments: train, configured by the operator's pod environment (TOPOTRAIN_*,
 MASTER_ADDR, ...) and TOPOTRAIN_TRAINING_CONFIG (JSON); exit 78 on a bad configuration.
-prepare: write a token dataset (`python -m topotrain_trainer prepare --help`)."""
+prepare: write a token dataset (`python -m topotrain_trainer prepare --help`).
+export: a committed checkpoint as Hugging Face safetensors (`... export --help`)."""
 
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["prepare"]:
         return prepare(argv[1:])
+    if argv[:1] == ["export"]:
+        return export(argv[1:])
     if argv[:1] in (["-h"], ["--help"]):
         print(USAGE)
         return 0

@@ -27,7 +27,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ import numpy.typing as npt
 import torch
 
 from topotrain_trainer.config import ConfigError
-from topotrain_trainer.sampler import Sampler
+from topotrain_trainer.sampler import MixStage, Mixture
 from topotrain_trainer.shards import (
     DatasetStore,
     DirStore,
@@ -79,21 +79,24 @@ def write_dataset(
     buffer: list[npt.NDArray[np.integer[Any]]] = []
     buffered = documents = 0
 
-    def flush() -> None:
-        nonlocal buffer, buffered
-        if buffered:
-            name = f"shard-{len(shards):05d}.bin"
-            target.write(name, np.concatenate(buffer).astype(dtype).tobytes())
-            shards.append({"file": name, "tokens": buffered})
-            buffer, buffered = [], 0
+    def flush(tokens: npt.NDArray[np.integer[Any]]) -> None:
+        name = f"shard-{len(shards):05d}.bin"
+        target.write(name, tokens.tobytes())
+        shards.append({"file": name, "tokens": len(tokens)})
 
     for chunk in token_chunks:
+        documents += 0 if eod is None else int(np.count_nonzero(chunk == eod))
         buffer.append(chunk)
         buffered += len(chunk)
-        documents += 0 if eod is None else int(np.count_nonzero(chunk == eod))
-        if buffered >= shard_tokens:
-            flush()
-    flush()
+        if buffered < shard_tokens:
+            continue
+        pending = np.concatenate(buffer).astype(dtype)
+        while len(pending) >= shard_tokens:  # shards of exactly shard_tokens, the last shorter
+            flush(pending[:shard_tokens])
+            pending = pending[shard_tokens:]
+        buffer, buffered = [pending], len(pending)
+    if buffered:
+        flush(np.concatenate(buffer).astype(dtype))
     if not shards:
         raise ValueError("no tokens to write")
     index: dict[str, Any] = {"format": FORMAT, "dtype": dtype, "vocab_size": vocab, "eod": eod,
@@ -232,10 +235,12 @@ class BatchLoader:
     a GPU can be asynchronous (`non_blocking=True`).
     """
 
-    def __init__(self, dataset: TokenDataset, seed: int, global_batch: int, data: int, dp_rank: int,
-                 prefetch: int = 2, *, reads: bool = True, pin: bool = False) -> None:  # fmt: skip
-        self.dataset = dataset
-        self.sampler = Sampler(len(dataset), seed)
+    def __init__(self, dataset: TokenDataset | Sequence[TokenDataset], seed: int, global_batch: int,
+                 data: int, dp_rank: int, prefetch: int = 2, *, reads: bool = True, pin: bool = False,
+                 stages: Sequence[MixStage] = ()) -> None:  # fmt: skip
+        self.datasets = [dataset] if isinstance(dataset, TokenDataset) else list(dataset)
+        self.dataset = self.datasets[0]
+        self.mixture = Mixture([len(d) for d in self.datasets], seed, global_batch, stages)
         self.global_batch = global_batch
         self.local_batch = global_batch // data
         self.dp_rank = dp_rank
@@ -246,12 +251,21 @@ class BatchLoader:
         self._stop = threading.Event()
         self._error: BaseException | None = None
 
+    def rows(self, first: int) -> npt.NDArray[np.int64]:
+        """Tokens of counters first .. first+local_batch-1, one row each, from their datasets."""
+        chosen, indices = self.mixture.pick(first, self.local_batch)
+        if len(self.datasets) == 1:
+            return self.dataset.samples(indices)
+        rows = np.empty((self.local_batch, self.dataset.seq_len + 1), dtype=np.int64)
+        for k in np.unique(chosen):
+            rows[chosen == k] = self.datasets[int(k)].samples(indices[chosen == k])
+        return rows
+
     def batch_at(self, consumed: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets) of shape (local_batch, seq_len) for the step starting at `consumed`."""
         if not self.reads:
             return torch.empty((0, 0), dtype=torch.int64), torch.empty((0, 0), dtype=torch.int64)
-        first = consumed + self.dp_rank * self.local_batch
-        tokens = torch.from_numpy(self.dataset.samples(self.sampler.indices(first, self.local_batch)))
+        tokens = torch.from_numpy(self.rows(consumed + self.dp_rank * self.local_batch))
         inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
         if self.pin:
             inputs, targets = inputs.pin_memory(), targets.pin_memory()
@@ -289,4 +303,5 @@ class BatchLoader:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self.dataset.reader.close()
+        for dataset in self.datasets:
+            dataset.reader.close()

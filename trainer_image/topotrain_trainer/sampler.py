@@ -100,3 +100,72 @@ class Sampler:
             chosen = epochs == epoch
             out[chosen] = self.permutation(int(epoch)).take(positions[chosen])
         return out
+
+
+@dataclass(frozen=True)
+class MixStage:
+    """From optimizer step `from_step` on, counters draw from the datasets with these weights."""
+
+    from_step: int
+    weights: tuple[float, ...]
+
+
+def parse_mixture(text: str, datasets: int) -> tuple[MixStage, ...]:
+    """`training.mixture`: "STEP:W1,W2,...;STEP:..." (the first stage at step 0), one weight per
+    dataset; ValueError naming what is wrong."""
+    stages: list[MixStage] = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        step, _, weights = part.partition(":")
+        values = tuple(float(w) for w in weights.split(","))
+        if len(values) != datasets or min(values) < 0 or sum(values) <= 0:
+            raise ValueError(f"stage {part!r}: {datasets} weights >= 0, not all 0")
+        stages.append(MixStage(int(step), values))
+    if not stages or stages[0].from_step != 0 or any(
+        a.from_step >= b.from_step for a, b in zip(stages, stages[1:], strict=False)
+    ):
+        raise ValueError("stages must start at step 0 and increase")
+    return tuple(stages)
+
+
+class Mixture:
+    """Which dataset, and which of its samples, each global counter trains on.
+
+    With one dataset it is that dataset's Sampler. With several, counter c (in optimizer step
+    c // global_batch) draws dataset k with the weights of the stage that step is in: a seeded
+    hash of c against the cumulative weights, so the choice is a pure function of c too. The
+    sample is position c of dataset k's own permutation (mod its size): no sample of k repeats
+    before c has passed k's size, and a resume at any data degree draws the same samples.
+    """
+
+    def __init__(self, sizes: Sequence[int], seed: int, global_batch: int,
+                 stages: Sequence[MixStage] = ()) -> None:  # fmt: skip
+        self.samplers = [Sampler(size, seed + k) for k, size in enumerate(sizes)]
+        self.seed, self.global_batch = seed, global_batch
+        self.stages = tuple(stages) or (MixStage(0, (1.0,) * len(sizes)),)
+
+    def choose(self, counters: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The dataset each counter draws from."""
+        if len(self.samplers) == 1:
+            return np.zeros(len(counters), dtype=np.int64)
+        steps = counters // self.global_batch
+        starts = np.array([s.from_step for s in self.stages])
+        stage = np.searchsorted(starts, steps, side="right") - 1
+        cumulative = np.array([np.cumsum(s.weights) / sum(s.weights) for s in self.stages])
+        key = np.uint64(splitmix64(self.seed ^ 0x6D6978))  # "mix"
+        uniform = (_mix_array(counters.astype(np.uint64) ^ key) >> np.uint64(11)).astype(np.float64) / 2.0**53
+        chosen = (uniform[:, None] >= cumulative[stage]).sum(axis=1)
+        return np.minimum(chosen, len(self.samplers) - 1).astype(np.int64)
+
+    def pick(self, first: int, count: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """(dataset, sample index) of counters first .. first+count-1."""
+        counters = np.arange(first, first + count, dtype=np.int64)
+        datasets = self.choose(counters)
+        indices = np.empty(count, dtype=np.int64)
+        for k in np.unique(datasets):
+            chosen = datasets == k
+            sampler = self.samplers[int(k)]
+            if len(self.samplers) == 1:
+                indices[chosen] = sampler.indices(first, count)
+            else:
+                indices[chosen] = [sampler.index(int(c)) for c in counters[chosen]]
+        return datasets, indices

@@ -19,7 +19,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from topotrain_sdk.job import Job as SdkJob
 from topotrain_sdk.session import Session
 from topotrain_trainer.checkpoint import AppState, Checkpointer, Heartbeat, Progress
-from topotrain_trainer.config import TrainingConfig
+from topotrain_trainer.config import ConfigError, TrainingConfig
 from topotrain_trainer.data import BatchLoader, TokenDataset, ensure_synthetic
 from topotrain_trainer.metrics import Metrics
 from topotrain_trainer.model import ModelConfig, Transformer
@@ -143,8 +143,11 @@ class Job:
             Path(config.staging_dir or tempfile.gettempdir()) / f"topotrain-{env.job_name or 'job'}"
         )
         staging.mkdir(parents=True, exist_ok=True)
-        dataset = TokenDataset(open_store(dataset_uri(config, staging)), config.seq_len)
-        self.model_config, self.model = self.build_model(dataset.vocab_size)
+        datasets = [TokenDataset(open_store(uri), config.seq_len) for uri in dataset_uris(config, staging)]
+        if len({d.vocab_size for d in datasets}) > 1:
+            raise ConfigError(f"training.dataset={config.dataset!r}: the datasets' vocab_size differ "
+                              f"({[d.vocab_size for d in datasets]}): tokenize them with one tokenizer")  # fmt: skip
+        self.model_config, self.model = self.build_model(datasets[0].vocab_size)
         self.microbatches = config.microbatches(mesh.data)
         self.schedule = (
             build_schedule(self.model, mesh, config.schedule, self.microbatches)
@@ -161,8 +164,9 @@ class Job:
                                 mesh.device)  # fmt: skip
         # Only the first stage (inputs) and the last (targets) read; a rank reads its samples only.
         self.loader = BatchLoader(
-            dataset, config.seed, config.global_batch, mesh.data, mesh.dp_rank,
+            datasets, config.seed, config.global_batch, mesh.data, mesh.dp_rank,
             reads=mesh.is_first_stage or mesh.is_last_stage, pin=mesh.device.type == "cuda",
+            stages=config.mix_stages(),
         )  # fmt: skip
         self.checkpointer: Checkpointer | None = None
         self.checkpoint_wait = 0.0  # seconds the last step waited for a checkpoint copy
@@ -316,7 +320,7 @@ def plain(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
-def dataset_uri(config: TrainingConfig, staging: Path) -> str:
+def dataset_uris(config: TrainingConfig, staging: Path) -> list[str]:
     if config.dataset == "synthetic":
-        return str(ensure_synthetic(staging, config.seed))
-    return config.dataset
+        return [str(ensure_synthetic(staging, config.seed))]
+    return config.datasets()

@@ -86,3 +86,35 @@ def export(model: nn.Module, config: ModelConfig, uri: str, *, stage: int, stage
     dist.barrier()
     if dist.get_rank() == 0:
         export_index(store, weight_map(config, stages), config, dtype)
+
+
+def export_checkpoint(job_prefix: str, step: int | None, model: str, out_uri: str) -> dict[str, object]:
+    """On demand, in one process without torch.distributed: a committed checkpoint's model (the
+    newest, or `step`) as Hugging Face safetensors at `out_uri`. The checkpoint's tensors give
+    the vocabulary and the tying; `model` the shape and RoPE theta (one given by initWeights is
+    not recorded in the checkpoint)."""
+    from dataclasses import replace
+
+    from torch.distributed.checkpoint import load as dcp_load
+
+    from topotrain_sdk.checkpoints import CheckpointStore
+    from topotrain_sdk.s3reader import S3RangeReader
+    from topotrain_trainer.hf import export_stage
+    from topotrain_trainer.model import Transformer
+
+    store = CheckpointStore(job_prefix)
+    commit = store.latest_committed() if step is None else store.read_commit(step)
+    if commit is None:
+        raise FileNotFoundError(f"{job_prefix}: no committed checkpoint{'' if step is None else f' {step}'}")
+    stored = S3RangeReader(store, commit.step, commit.shards).read_metadata().state_dict_metadata
+    embedding = stored["app.model.tok_embeddings.weight"]
+    config = replace(model_config(model, int(embedding.size[0])),  # type: ignore[union-attr]
+                     tie_embeddings="app.model.output.weight" not in stored)  # fmt: skip
+    built = Transformer(config)
+    state = {"app": {"model": built.state_dict()}}
+    dcp_load(state, storage_reader=S3RangeReader(store, commit.step, commit.shards))
+    built.load_state_dict(state["app"]["model"])
+    out = open_store(out_uri)
+    weights = export_stage(out, dict(built.named_parameters()), config, 0, 1)
+    export_index(out, weights, config, next(built.parameters()).dtype)
+    return {"step": commit.step, "out": out.uri, "vocab_size": config.vocab_size}
