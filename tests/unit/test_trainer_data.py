@@ -75,7 +75,7 @@ def test_a_mixture_draws_by_the_weights_of_each_steps_stage() -> None:
 
 @pytest.mark.parametrize("text", ["", "5:1,1", "0:1", "0:1,1;0:1,2", "0:0,0", "0:-1,2"])
 def test_a_mixture_that_cannot_be_drawn_from_is_refused(text: str) -> None:
-    with pytest.raises(ValueError, match="stage|step 0"):
+    with pytest.raises(ValueError, match=r"stage|step 0"):
         parse_mixture(text, 2)
 
 

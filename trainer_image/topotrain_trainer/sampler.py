@@ -13,6 +13,7 @@ The order is global: consecutive positions land anywhere in the corpus, across s
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -121,7 +122,7 @@ def parse_mixture(text: str, datasets: int) -> tuple[MixStage, ...]:
             raise ValueError(f"stage {part!r}: {datasets} weights >= 0, not all 0")
         stages.append(MixStage(int(step), values))
     if not stages or stages[0].from_step != 0 or any(
-        a.from_step >= b.from_step for a, b in zip(stages, stages[1:], strict=False)
+        a.from_step >= b.from_step for a, b in itertools.pairwise(stages)
     ):
         raise ValueError("stages must start at step 0 and increase")
     return tuple(stages)
