@@ -56,7 +56,8 @@ class Metrics:
     def __init__(self, rank: int, local_rank: int, port: int) -> None:
         self.rank = rank
         self.serving = False
-        self.flops_per_token, self.devices, self.peak = 0.0, 1, None
+        self.flops_per_token, self.devices = 0.0, 1
+        self.peak: float | None = None
         self.cuda: torch_device | None = None
         if port and local_rank == 0:
             try:
