@@ -93,7 +93,7 @@ def _rng_state() -> io.BytesIO:
         "numpy": np.random.get_state(),
         "python": random.getstate(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # this rank's GPU's generator
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # this rank's GPU's generator
         states["cuda"] = torch.cuda.get_rng_state()
     return io.BytesIO(pickle.dumps(states))
 

@@ -217,7 +217,8 @@ class TokenDataset:
         return decode(self.reader.read_many([self.extent(int(i)) for i in indices]), self.dtype)
 
     def sample(self, index: int) -> npt.NDArray[np.int64]:
-        return self.samples([index])[0]
+        row: npt.NDArray[np.int64] = self.samples([index])[0]
+        return row
 
 
 @dataclass

@@ -240,7 +240,7 @@ def tied_projection(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
     if isinstance(weight, DTensor):
         spread = DTensor.from_local(h, weight.device_mesh, [Replicate()] * weight.device_mesh.ndim)
-        logits: torch.Tensor = F.linear(spread, weight).full_tensor()
+        logits: torch.Tensor = F.linear(spread, weight).full_tensor()  # type: ignore[attr-defined]
         return logits
     return F.linear(h, weight)
 

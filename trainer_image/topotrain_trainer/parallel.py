@@ -292,7 +292,8 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     if isinstance(flat, DTensor) or flat.dtype == torch.float32 or flat.shape[0] <= LOSS_CHUNK:
         return nn.functional.cross_entropy(flat.float(), flat_targets)
     total = torch.zeros((), dtype=torch.float32, device=flat.device)
-    for chunk, chunk_targets in zip(flat.split(LOSS_CHUNK), flat_targets.split(LOSS_CHUNK), strict=True):
+    chunks = torch.split(flat, LOSS_CHUNK), torch.split(flat_targets, LOSS_CHUNK)
+    for chunk, chunk_targets in zip(*chunks, strict=True):
         part: torch.Tensor = checkpoint(_chunk_loss, chunk, chunk_targets, use_reentrant=False)
         total = total + part
     return total / flat.shape[0]

@@ -155,7 +155,8 @@ class Mixture:
         key = np.uint64(splitmix64(self.seed ^ 0x6D6978))  # "mix"
         uniform = (_mix_array(counters.astype(np.uint64) ^ key) >> np.uint64(11)).astype(np.float64) / 2.0**53
         chosen = (uniform[:, None] >= cumulative[stage]).sum(axis=1)
-        return np.minimum(chosen, len(self.samplers) - 1).astype(np.int64)
+        out: npt.NDArray[np.int64] = np.minimum(chosen, len(self.samplers) - 1).astype(np.int64)
+        return out
 
     def pick(self, first: int, count: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """(dataset, sample index) of counters first .. first+count-1."""

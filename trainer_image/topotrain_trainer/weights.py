@@ -3,6 +3,8 @@ the format; this module the collectives)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -48,7 +50,7 @@ def load_initial(model: nn.Module, source: SafetensorsSource, config: ModelConfi
     """Copy the weights of this rank's stage in: each rank reads its stage's tensors whole and
     keeps its shards of them."""
     names = [name for name, _ in model.named_parameters()]
-    full = import_tensors(source, config, names)
+    full: dict[str, Any] = dict(import_tensors(source, config, names))
     options = StateDictOptions(full_state_dict=True, strict=True)
     set_model_state_dict(model, full, options=options)
 
@@ -95,7 +97,7 @@ def export_checkpoint(job_prefix: str, step: int | None, model: str, out_uri: st
     not recorded in the checkpoint)."""
     from dataclasses import replace
 
-    from torch.distributed.checkpoint import load as dcp_load
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
     from topotrain_sdk.checkpoints import CheckpointStore
     from topotrain_sdk.s3reader import S3RangeReader
