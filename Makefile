@@ -26,9 +26,9 @@ lint: ## ruff + mypy --strict + the layer contract (lint-imports)
 	$(VENV)/bin/mypy --strict operator/topotrain trainer_image/topotrain_trainer
 	$(VENV)/bin/lint-imports
 
-crds: ## regenerate the CRD from the API models (top level and chart)
+crds: ## regenerate the CRDs from the API models (top level and chart)
 	$(VENV)/bin/topotrain crd -o crds/
-	cp crds/topotrain.io_trainingjobs.yaml charts/topotrain/crds/
+	cp crds/topotrain.io_trainingjobs.yaml crds/topotrain.io_trainingjobtemplates.yaml charts/topotrain/crds/
 
 demo: ## the main job: operator + placement + failure + recovery + elastic resize on the testbed
 	PATH="$(BIN):$$PATH" $(VENV)/bin/python -m testbed.demo

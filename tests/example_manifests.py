@@ -9,8 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VALID = [*sorted((ROOT / "examples").glob("*.yaml")), ROOT / "examples" / "kueue" / "job.yaml"]
+VALID = [*sorted((ROOT / "examples").glob("*.yaml")), ROOT / "examples" / "kueue" / "job.yaml",
+         ROOT / "examples" / "templates" / "job.yaml"]
 INVALID = sorted((ROOT / "examples" / "invalid").glob("*.yaml"))
+# TrainingJobTemplates (cluster-scoped), and those each rule refuses.
+VALID_TEMPLATES = [ROOT / "examples" / "templates" / "platform-h100.yaml"]
+INVALID_TEMPLATES = sorted((ROOT / "examples" / "invalid" / "templates").glob("*.yaml"))
 
 
 def expectation(path: Path, key: str) -> str:

@@ -31,7 +31,7 @@ from testbed.nodes import add_node, delete_node, wait_nodes_ready
 from testbed.s3 import S3Server
 
 REPO = Path(__file__).resolve().parents[2]
-CRD = REPO / "crds" / "topotrain.io_trainingjobs.yaml"
+CRD = REPO / "crds" / "topotrain.io_trainingjobs.yaml"  # and, beside it, TrainingJobTemplate's
 TEST_NODES_LABEL = "test.topotrain.io/nodes"
 SECRET = "s3creds"
 WAIT = 90.0  # seconds before a wait counts as "never happened"
@@ -57,10 +57,10 @@ def install_crd(kube: Kube) -> None:
     """Apply the generated CRD once per session (no client-side OpenAPI download)."""
     if kube.kubeconfig in _INSTALLED:
         return
-    kube.kubectl("apply", "--server-side", "--force-conflicts", "--validate=false", "-f", str(CRD))
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "--validate=false", "-f", str(CRD.parent))
     _INSTALLED.add(kube.kubeconfig)
     kube.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                 "crd/trainingjobs.topotrain.io")
+                 "crd/trainingjobs.topotrain.io", "crd/trainingjobtemplates.topotrain.io")
 
 
 @dataclass

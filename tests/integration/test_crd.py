@@ -13,7 +13,14 @@ import pytest
 import yaml
 
 from testbed.kube import Kube
-from tests.example_manifests import INVALID, ROOT, VALID, expectation
+from tests.example_manifests import (
+    INVALID,
+    INVALID_TEMPLATES,
+    ROOT,
+    VALID,
+    VALID_TEMPLATES,
+    expectation,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -22,9 +29,9 @@ CRD = ROOT / "crds" / "topotrain.io_trainingjobs.yaml"
 
 @pytest.fixture(scope="module")
 def crd(kube: Kube) -> Iterator[None]:
-    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD.parent))
     kube.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                 "crd/trainingjobs.topotrain.io")
+                 "crd/trainingjobs.topotrain.io", "crd/trainingjobtemplates.topotrain.io")
     yield
 
 
@@ -65,19 +72,39 @@ def test_invalid_examples_are_rejected_naming_the_field(
     assert expectation(path, "expect-message") in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("path", [*VALID_TEMPLATES, *INVALID_TEMPLATES], ids=lambda p: p.name)
+def test_templates_are_accepted_or_rejected_naming_the_field(kube: Kube, crd: None, path: Path) -> None:
+    """TrainingJobTemplates are cluster-scoped: each is deleted again (they outlive namespaces)."""
+    result = kube.kubectl("create", "-f", str(path), check=False)
+    kube.kubectl("delete", "--ignore-not-found", "-f", str(path), check=False)
+    if path in VALID_TEMPLATES:
+        assert result.returncode == 0, result.stderr
+        return
+    assert result.returncode != 0, f"{path.name} was accepted"
+    assert expectation(path, "expect-field") in result.stderr, result.stderr
+    assert expectation(path, "expect-message") in result.stderr, result.stderr
+
+
 def test_explain_teaches_the_api(kube: Kube, crd: None) -> None:
     out = kube.kubectl("explain", "trainingjob.spec.parallelism").stdout
     assert "Tensor-parallel degree" in out
     assert "minData" in out and "Elastic lower bound" in out
     out = kube.kubectl("explain", "tj.spec.topology.tensor").stdout
     assert "NVLink domain" in out
+    for field, words in [("tj.spec.failurePolicy.rules.action", "RestartWithoutCounting"),
+                         ("tj.spec.activeDeadlineSeconds", "DeadlineExceeded"),
+                         ("tj.spec.ttlSecondsAfterFinished", "checkpoints in the store are kept"),
+                         ("tj.spec.templateRef.followUpdates", "rolls the gang"),
+                         ("tj.status.progress.eta", "Time left"),
+                         ("trainingjobtemplate.spec.worker.gpusPerPod", "GPUs")]:
+        assert words in kube.kubectl("explain", field).stdout, field
 
 
 def test_get_shows_the_printer_columns(kube: Kube, crd: None, namespace: str) -> None:
     create(kube, namespace, job("columns"))
     header = kube.kubectl("-n", namespace, "get", "tj").stdout.splitlines()[0].split()
     assert header == ["NAME", "PHASE", "TP", "PP", "DP", "POOL", "RESTARTS", "CHECKPOINT",
-                      "RECOVERY", "REASON", "AGE"]
+                      "PROGRESS", "ETA", "RECOVERY", "REASON", "AGE"]
     listed = kube.kubectl("-n", namespace, "get", "all").stdout
     assert "trainingjob.topotrain.io/columns" in listed  # category `all`
 

@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 import yaml
+from topotrain.api.job_template import template_problems
 from topotrain.api.spec import TrainingJobSpec
 from topotrain.api.validation import validate_manifest
 
-from tests.example_manifests import INVALID, VALID, expectation
+from tests.example_manifests import INVALID, INVALID_TEMPLATES, VALID, VALID_TEMPLATES, expectation
 
 
 def base(**overrides: Any) -> dict[str, Any]:
@@ -36,6 +37,18 @@ def test_invalid_examples_are_rejected_naming_the_field(path: Path) -> None:
     assert any(field in problem for problem in problems), problems
 
 
+@pytest.mark.parametrize("path", VALID_TEMPLATES, ids=lambda p: p.name)
+def test_example_templates_are_valid(path: Path) -> None:
+    doc = yaml.safe_load(path.read_text())
+    assert doc["kind"] == "TrainingJobTemplate" and template_problems(doc["spec"]) == []
+
+
+@pytest.mark.parametrize("path", INVALID_TEMPLATES, ids=lambda p: p.name)
+def test_invalid_templates_are_rejected_naming_the_field(path: Path) -> None:
+    problems = template_problems(yaml.safe_load(path.read_text())["spec"])
+    assert any(expectation(path, "expect-field") in problem for problem in problems), problems
+
+
 def test_there_is_an_invalid_example_per_rule() -> None:
     fields = {expectation(p, "expect-field") for p in INVALID}
     assert {
@@ -43,7 +56,10 @@ def test_there_is_an_invalid_example_per_rule() -> None:
         "spec.parallelism.minData", "spec.worker.gpusPerPod", "spec.checkpoint.uri",
         "spec.failurePolicy.maxRestarts", "spec.rankOrder", "spec.worker.volumes[0].name",
         "spec.worker.volumes[1]", "spec.worker.volumeMounts", "spec.worker.volumeMounts[0].mountPath",
-        "spec.worker.labels", "spec.worker.annotations",
+        "spec.worker.labels", "spec.worker.annotations", "spec.image",
+        "spec.failurePolicy.rules", "spec.failurePolicy.rules[0].action",
+        "spec.failurePolicy.rules[0].onExitCodes", "spec.activeDeadlineSeconds",
+        "spec.ttlSecondsAfterFinished",
     } <= fields
 
 

@@ -104,7 +104,7 @@ def grants(docs: list[dict[str, Any]]) -> set[tuple[str, str, str, str]]:
 
 # What the operator calls, and nothing more (docs/helm.md, "RBAC review").
 WORKLOAD = {
-    "topotrain.io/trainingjobs": {"get", "list", "watch", "patch", "update"},
+    "topotrain.io/trainingjobs": {"get", "list", "watch", "patch", "update", "delete"},
     "topotrain.io/trainingjobs/status": {"get", "patch", "update"},
     "topotrain.io/trainingjobs/scale": {"get"},
     "topotrain.io/trainingjobs/finalizers": {"update"},
@@ -122,7 +122,7 @@ WORKLOAD = {
 # The operator disables kopf's cluster scanning: no namespaces, no CRDs. Kueue: the admitted
 # ResourceFlavor's node labels and a job's PriorityClass value.
 CLUSTER_READ = {"nodes": {"get", "list", "watch"}, "kueue.x-k8s.io/resourceflavors": {"get"},
-                "scheduling.k8s.io/priorityclasses": {"get"}}
+                "scheduling.k8s.io/priorityclasses": {"get"}, "topotrain.io/trainingjobtemplates": {"get"}}
 
 
 def expected(scope: str, table: dict[str, set[str]]) -> set[tuple[str, str, str, str]]:
@@ -441,14 +441,14 @@ def test_every_value_is_in_the_schema_and_documented() -> None:
     assert undocumented == []
 
 
-def test_chart_ships_the_trainingjob_crd_only() -> None:
+def test_chart_ships_the_topotrain_crds_only() -> None:
     # (leader election uses the built-in Lease: no kopf peering CRDs are needed any more)
     names = {
         doc["metadata"]["name"]: doc
         for path in sorted((CHART / "crds").glob("*.yaml"))
         for doc in yaml.safe_load_all(path.read_text()) if doc
     }
-    assert set(names) == {"trainingjobs.topotrain.io"}
+    assert set(names) == {"trainingjobs.topotrain.io", "trainingjobtemplates.topotrain.io"}
 
 
 def test_operator_image_matches_what_the_chart_expects() -> None:
@@ -467,3 +467,31 @@ def test_operator_image_matches_what_the_chart_expects() -> None:
     assert exposed and set(exposed[1].split()) == {
         str(values["healthPort"]), str(values["metrics"]["port"]),
     }
+
+
+PLATFORM_TEMPLATE: dict[str, Any] = {
+    "image": "registry.example/trainer:1.4",
+    "worker": {"gpusPerPod": 8, "gpuTypes": ["H100-80GB"]},
+    "failurePolicy": {"rules": [{"name": "oom-is-fatal", "action": "Fail", "onTerminationReasons": ["OOMKilled"]}]},
+}
+
+
+def test_the_chart_installs_platform_templates_from_values(helm: Path, tmp_path: Path) -> None:
+    from topotrain.api.job_template import template_problems
+
+    docs = render(helm, tmp_path, {"jobTemplates": {"h100-llm": PLATFORM_TEMPLATE}})
+    [template] = by_kind(docs, "TrainingJobTemplate")
+    assert template["apiVersion"] == "topotrain.io/v1alpha1" and template["metadata"]["name"] == "h100-llm"
+    assert template["spec"] == PLATFORM_TEMPLATE and template_problems(template["spec"]) == []
+    assert not by_kind(render(helm, tmp_path), "TrainingJobTemplate")
+
+
+def test_the_values_schema_knows_the_template_fields_and_refuses_others(helm: Path, tmp_path: Path) -> None:
+    from topotrain.api.job_template import template_spec_schema
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    fields = schema["properties"]["jobTemplates"]["additionalProperties"]["propertyNames"]["enum"]
+    assert fields == sorted(template_spec_schema()["properties"]), "regenerate jobTemplates' field list"
+    result = run_helm(helm, "template", "t", str(CHART), tmp=tmp_path,
+                      values={"jobTemplates": {"t": {"imagee": "x"}}})
+    assert result.returncode != 0 and "invalid propertyName 'imagee'" in result.stderr, result.stderr

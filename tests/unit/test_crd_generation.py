@@ -5,19 +5,28 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from topotrain.api.crd import CRD_FILENAME, build_crd, render_crd
+from topotrain.api.job_template import (
+    TEMPLATE_CRD_FILENAME,
+    build_template_crd,
+    render_template_crd,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
+RENDERED = [(CRD_FILENAME, render_crd), (TEMPLATE_CRD_FILENAME, render_template_crd)]
 
 
-def test_checked_in_crd_matches_the_models() -> None:
-    checked_in = (ROOT / "crds" / CRD_FILENAME).read_text()
-    assert checked_in == render_crd(), "crds/ is stale: run `make crds`"
+@pytest.mark.parametrize(("filename", "render"), RENDERED, ids=[f for f, _ in RENDERED])
+def test_checked_in_crd_matches_the_models(filename: str, render: Any) -> None:
+    checked_in = (ROOT / "crds" / filename).read_text()
+    assert checked_in == render(), "crds/ is stale: run `make crds`"
 
 
-def test_chart_crd_matches_top_level_crd() -> None:
-    chart_crd = ROOT / "charts" / "topotrain" / "crds" / CRD_FILENAME
-    assert chart_crd.read_text() == (ROOT / "crds" / CRD_FILENAME).read_text(), "run `make crds`"
+@pytest.mark.parametrize("filename", [f for f, _ in RENDERED])
+def test_chart_crd_matches_top_level_crd(filename: str) -> None:
+    chart_crd = ROOT / "charts" / "topotrain" / "crds" / filename
+    assert chart_crd.read_text() == (ROOT / "crds" / filename).read_text(), "run `make crds`"
 
 
 def _walk(node: dict[str, Any], path: str) -> list[str]:
@@ -41,6 +50,25 @@ def schema() -> dict[str, Any]:
 
 def test_every_field_has_a_description() -> None:
     assert _walk(schema(), "") == []
+    template = build_template_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert _walk(template, "") == []
+
+
+def test_a_template_sets_only_what_it_holds() -> None:
+    """No required field and no default outside list items (a template holds what it sets), no
+    immutability and no rule across fields (the merged spec is checked), no templateRef."""
+    spec = build_template_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+    def walk(node: dict[str, Any], path: str) -> list[str]:
+        bad = [f"{path}: {key}" for key in ("required", "default") if key in node]
+        bad += [f"{path}: {r['rule']}" for r in node.get("x-kubernetes-validations", [])
+                if r["rule"] == "self == oldSelf" or "properties" in node]
+        for name, child in node.get("properties", {}).items():
+            bad += walk(child, f"{path}.{name}")
+        return bad
+
+    assert walk(spec, "spec") == [] and "templateRef" not in spec["properties"]
+    assert set(spec["properties"]) == set(schema()["properties"]["spec"]["properties"]) - {"templateRef"}
 
 
 def test_only_training_and_core_objects_passed_through_are_free_form() -> None:

@@ -134,3 +134,36 @@ def test_plan_refuses_a_data_degree_the_trainer_rejects(
     assert "spec.parallelism.data=3 is not an allowed data degree: training.globalBatch=64" in (
         capsys.readouterr().err
     )
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(("fleet", "job", "status"), [
+    ("two-pool.yaml", "elastic-two-pools.yaml", 0),
+    ("nvl72.yaml", "large-3d.yaml", 1),  # read, and planned: H100s are asked for, the fleet has GB200s
+])
+def test_plan_reads_the_example_fleets(fleet: str, job: str, status: int,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's commands: `--nodes` takes a fleet file (the testbed's topology files) as well
+    as a Node List (issue 36: it failed with "expected a List of Node objects ... got None")."""
+    args = ["--nodes", str(ROOT / "examples" / "clusters" / fleet), "--job", str(ROOT / "examples" / job)]
+    assert main([*args, "--output", "json"]) == status, capsys.readouterr().err
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["feasible"] == (status == 0) and (doc["pods"] or doc["reason"])
+
+
+def test_a_fleet_files_preload_holds_gpus_and_its_errors_name_the_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet = {"name": "f", "pools": [{"name": "h", "product": "H100-80GB", "gpusPerNode": 8,
+                                      "racksPerBlock": 1, "nodesPerRack": 6,
+                                      "preload": {"everyNthNode": 1, "gpus": 1}}]}
+    files = {"nodes": write(tmp_path, "fleet.yaml", fleet), "job": write(tmp_path, "job.yaml", JOB)}
+    args = ["--nodes", str(files["nodes"]), "--job", str(files["job"])]
+    assert main(args) == 1  # every node has 7 free GPUs: no 8-GPU pod fits
+    assert "not placeable" in capsys.readouterr().out
+    fleet["pools"][0]["nodesPerRack"] = 0
+    write(tmp_path, "fleet.yaml", fleet)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "fleet.yaml" in err and "nodes_per_rack must be >= 1" in err

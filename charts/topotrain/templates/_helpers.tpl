@@ -78,10 +78,11 @@ RBAC rules for the namespaced objects the operator manages. Every verb is
 used by the operator; docs/helm.md ("RBAC review") says where.
 */}}
 {{- define "topotrain.workloadRules" -}}
-# TrainingJobs: watch them, add kopf's finalizer and progress annotations.
+# TrainingJobs: watch them, add kopf's finalizer and progress annotations, delete a finished one
+# whose spec.ttlSecondsAfterFinished passed.
 - apiGroups: [topotrain.io]
   resources: [trainingjobs]
-  verbs: [get, list, watch, patch, update]
+  verbs: [get, list, watch, patch, update, delete]
 # One status write per reconcile.
 - apiGroups: [topotrain.io]
   resources: [trainingjobs/status]

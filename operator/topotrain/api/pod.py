@@ -32,6 +32,7 @@ OPERATOR_PREFIX = f"{GROUP}/"  # every label and annotation key the operator set
 MANAGED_BY = "app.kubernetes.io/managed-by"  # that one (a label)
 MAX_METADATA = 64  # labels, or annotations, a job adds to each pod
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # what the API server requires of a volume name
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
 
 def _quoted(values: Iterable[str]) -> str:

@@ -18,11 +18,14 @@ from pydantic import (
     ConfigDict,
     Field,
     WithJsonSchema,
+    field_validator,
     model_validator,
 )
 
 from topotrain import GROUP, KIND, VERSION, degrees
+from topotrain.api.failure_rules import MAX_RULES, UNIQUE_NAMES_RULE, FailureRule, unique_names
 from topotrain.api.pod import (
+    DNS_SUBDOMAIN,
     ENV_RULE,
     IMMUTABLE,
     MAX_ENV,
@@ -48,10 +51,6 @@ TRAINING_SCHEMA: dict[str, Any] = {
                         "(or microBatch) makes the operator apply the batch rule to data degrees."},
         "microBatch": {"type": "integer", "minimum": 1, "description": "Bundled trainer: samples per "
                        f"forward/backward on one rank (default {degrees.DEFAULT_MICRO_BATCH})."},
-        "model": {"type": "string", "enum": list(degrees.BUNDLED_MODELS), "description": "Bundled "
-                  "trainer: the model to train (default tiny): tiny and small for tests and CPUs; "
-                  "1B, 3B, 8B and 70B the Llama 3 shapes; 7B and 13B the Llama 2 shapes. Reserved "
-                  "for the bundled trainer (a trainer of your own names its model another way)."},
         "schedule": {"type": "string", "description": "Bundled trainer: pipeline schedule, 1f1b "
                      f"or gpipe (default {degrees.DEFAULT_SCHEDULE})."},
         "metricsPort": {"type": "integer", "minimum": 0, "maximum": 65535, "description":
@@ -215,12 +214,45 @@ class FailurePolicy(WireModel):
         "78 (EX_CONFIG) is what the bundled trainer uses for an invalid config.",
         json_schema_extra={"default": [78]},
     )
+    rules: list[FailureRule] = Field(
+        default_factory=list, max_length=MAX_RULES,
+        description="Failure rules, in order; the first that matches a failure decides what is "
+        "done (Fail, Restart, RestartWithoutCounting); a failure no rule matches follows the "
+        "built-in policy (docs/api.md, Failure rules).",
+        json_schema_extra={"default": [], **cel(UNIQUE_NAMES_RULE)},
+    )
+
+    _unique_rules = field_validator("rules")(unique_names)
+
+
+class TemplateRef(WireModel):
+    """The TrainingJobTemplate a job starts from (docs/api.md, Templates)."""
+
+    name: str = Field(
+        ..., min_length=1, max_length=253, pattern=DNS_SUBDOMAIN,
+        description="Name of a (cluster-scoped) TrainingJobTemplate. The job's own fields win, "
+        "field by field; a list the job sets replaces the template's whole list.",
+    )
+    follow_updates: bool = Field(
+        False, alias="followUpdates",
+        description="false (default): the job keeps the template's generation it first resolved "
+        "(status.jobTemplate), whatever edits follow. true: it takes each new generation, and a "
+        "changed pod template rolls the gang as a spec edit does.",
+    )
 
 
 class TrainingJobSpec(WireModel):
     """Desired state of a TrainingJob."""
 
-    image: str = Field(..., min_length=1, max_length=1024, description="Trainer container image.")
+    template_ref: TemplateRef | None = Field(
+        None, alias="templateRef",
+        description="Start from this TrainingJobTemplate: the platform's image, worker, "
+        "topology, checkpoint and failure-policy settings; this spec's own fields win.",
+    )
+    image: str = Field(
+        ..., min_length=1, max_length=1024,
+        description="Trainer container image (may come from spec.templateRef's template).",
+    )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
         None, alias="imagePullPolicy", description="Image pull policy of the trainer container."
     )
@@ -256,6 +288,18 @@ class TrainingJobSpec(WireModel):
     training: TrainingFreeForm = Field(
         default_factory=dict, description="Free-form configuration handed to the trainer as JSON "
         "(TOPOTRAIN_TRAINING_CONFIG).", json_schema_extra={"default": {}},
+    )
+    active_deadline_seconds: int | None = Field(
+        None, alias="activeDeadlineSeconds", ge=1,
+        description="Seconds the job may run, from status.startTime (its first attempt); then "
+        "a running gang is asked for a final checkpoint (bounded, as for spec.suspend) and the "
+        "job is Failed with reason DeadlineExceeded. Time suspended counts.",
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        None, alias="ttlSecondsAfterFinished", ge=0,
+        description="Seconds after the job Succeeded or Failed (status.completionTime) when the "
+        "operator deletes it, and with it its pods, Service and rank table; its checkpoints in "
+        "the store are kept. Default: the job is kept.",
     )
     suspend: bool = Field(
         False, description="true stops the gang and keeps the job: a running gang is asked for a "

@@ -7,9 +7,11 @@ Condition types and reasons are named constants (as JobSet and Kueue do);
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from topotrain.api.progress import ProgressStatus as ProgressStatus  # re-exported
 
 Phase = Literal["Pending", "Starting", "Running", "Recovering", "Suspended", "Succeeded", "Failed"]
 PHASES: tuple[Phase, ...] = ("Pending", "Starting", "Running", "Recovering", "Suspended", "Succeeded", "Failed")
@@ -58,6 +60,11 @@ class Reason:
     RESIZED = "Resized"
     MAX_RESTARTS = "MaxRestartsExceeded"
     NON_RETRYABLE = "NonRetryableExitCode"
+    FAILED_BY_RULE = "FailedByRule"  # a spec.failurePolicy.rules entry with action Fail matched
+    DEADLINE_EXCEEDED = "DeadlineExceeded"  # spec.activeDeadlineSeconds passed
+    TEMPLATE_NOT_FOUND = "TemplateNotFound"  # spec.templateRef names no TrainingJobTemplate
+    TEMPLATE_INVALID = "TemplateMergeInvalid"  # the job's spec merged over its template is invalid
+    TEMPLATE_RESOLVED = "TemplateResolved"  # status.jobTemplate took a (new) template generation
     COMPLETED = "AllPodsSucceeded"
     STORE_UNAVAILABLE = "CheckpointStoreUnavailable"
     STORE_OK = "CheckpointStoreAnswered"
@@ -151,19 +158,6 @@ class CheckpointStatus(_Model):
     time: str | None = Field(None, description="When it was committed.")
 
 
-class ProgressStatus(_Model):
-    """The trainer's last heartbeat (progress.json)."""
-
-    step: int = Field(..., description="Last step reported.")
-    time: str | None = Field(None, description="When it was reported (the trainer's clock).")
-    attempt: int | None = Field(None, description="The attempt whose trainer reported it.")
-    observed_time: str | None = Field(
-        None, alias="observedTime",
-        description="When the operator first saw this step (the operator's clock; the hang clock "
-        "starts here, so clock skew between nodes cannot fake or hide a hang).",
-    )
-
-
 class RestartBudgets(_Model):
     """Restarts made so far, per failure class (each has its own budget in spec.failurePolicy)."""
 
@@ -171,6 +165,9 @@ class RestartBudgets(_Model):
     infrastructure: int = Field(
         0, description="Restarts after infrastructure failures (node lost, eviction, preemption, "
         "pod deleted, pods that never start).",
+    )
+    uncounted: int = Field(
+        0, description="Restarts a RestartWithoutCounting failure rule made (no budget used).",
     )
 
 
@@ -289,6 +286,17 @@ class RecoveryStatus(_Model):
     started: str | None = Field(None, description="When the failure was detected (in flight while set).")
 
 
+class JobTemplateStatus(_Model):
+    """The TrainingJobTemplate the job's spec was resolved from (spec.templateRef)."""
+
+    name: str = Field(..., description="The template's name.")
+    generation: int = Field(..., description="Its metadata.generation the job runs on.")
+    spec: dict[str, Any] = Field(
+        default_factory=dict, description="Its spec at that generation, which the job's spec is "
+        "merged over: later edits of the template reach the job only with followUpdates.",
+    )
+
+
 class TrainingJobStatus(_Model):
     """Observed state, written by the operator once per reconcile pass."""
 
@@ -334,6 +342,9 @@ class TrainingJobStatus(_Model):
     resumed_from: ResumedFromStatus | None = Field(
         None, alias="resumedFrom",
         description="Set when the job started from checkpoints another TrainingJob wrote.",
+    )
+    job_template: JobTemplateStatus | None = Field(
+        None, alias="jobTemplate", description="The TrainingJobTemplate the spec was resolved from.",
     )
     selector: str | None = Field(None, description="Label selector of the job's pods (scale subresource).")
     start_time: str | None = Field(None, alias="startTime", description="When the first attempt started.")

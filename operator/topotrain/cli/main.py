@@ -11,14 +11,19 @@ from topotrain import __version__
 
 def _crd(args: argparse.Namespace) -> int:
     from topotrain.api.crd import CRD_FILENAME, render_crd
+    from topotrain.api.job_template import TEMPLATE_CRD_FILENAME, render_template_crd
 
-    text = render_crd()
     if args.output == "-":
-        sys.stdout.write(text)
+        sys.stdout.write(render_crd() + "---\n" + render_template_crd())
         return 0
     target = Path(args.output)
-    if target.is_dir():
-        target = target / CRD_FILENAME
+    if not target.is_dir():  # one file: the TrainingJob CRD
+        return _write(args, target, render_crd())
+    return max(_write(args, target / CRD_FILENAME, render_crd()),
+               _write(args, target / TEMPLATE_CRD_FILENAME, render_template_crd()))
+
+
+def _write(args: argparse.Namespace, target: Path, text: str) -> int:
     if args.check:
         current = target.read_text() if target.exists() else ""
         if current != text:
@@ -35,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"topotrain {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    crd = sub.add_parser("crd", help="generate the TrainingJob CRD from the API models")
+    crd = sub.add_parser("crd", help="generate the TrainingJob and TrainingJobTemplate CRDs")
     crd.add_argument("-o", "--output", default="-", help="file or directory ('-': stdout)")
     crd.add_argument("--check", action="store_true", help="exit 1 if the file differs")
     crd.set_defaults(func=_crd)

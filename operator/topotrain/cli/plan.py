@@ -4,6 +4,9 @@
     kubectl get pods -A -o yaml > pods.yaml
     topotrain plan --nodes nodes.yaml --pods pods.yaml --job job.yaml [--output table|json|svg]
 
+`--nodes` also takes a fleet file (examples/clusters/*.yaml, the testbed's topology files):
+    topotrain plan --nodes examples/clusters/nvl72.yaml --job examples/large-3d.yaml
+
 Exit status: 0 feasible, 1 not placeable (the reason is printed), 2 bad input
 (the message names the file and the field).
 """
@@ -19,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from topotrain.cli.fleet_file import node_manifest, parse_topology, plan_nodes, preload_pod_manifest
 from topotrain.contract import rank_coords
 from topotrain.placement import GangRequest, Plan, plan
 from topotrain.placement.svg import render
@@ -43,7 +47,8 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = TopologyLevels()
-    parser.add_argument("--nodes", required=True, type=Path, help="`kubectl get nodes -o yaml` output")
+    parser.add_argument("--nodes", required=True, type=Path,
+                        help="`kubectl get nodes -o yaml` output, or a fleet file (examples/clusters/)")
     parser.add_argument("--pods", type=Path, help="`kubectl get pods -A -o yaml` output (GPUs in use)")
     parser.add_argument("--job", required=True, type=Path, help="TrainingJob manifest")
     parser.add_argument("--output", "-o", choices=["table", "json", "svg"], default="table")
@@ -60,8 +65,8 @@ def run_plan(args: argparse.Namespace) -> int:
     try:
         name, spec = load_job(args.job)
         request = GangRequest.from_spec(spec)
-        nodes = load_list(args.nodes, "Node")
-        pods = load_list(args.pods, "Pod") if args.pods else []
+        nodes, preloaded = load_nodes(args.nodes)
+        pods = load_list(args.pods, "Pod") if args.pods else preloaded
         inventory = _inventory(args, nodes, pods, levels, name, spec)
     except InputError as exc:
         print(f"topotrain plan: {exc}", file=sys.stderr)
@@ -114,14 +119,35 @@ def load_job(path: Path) -> tuple[str, Any]:
     return str(doc["metadata"]["name"]), TrainingJobSpec.model_validate(doc["spec"])
 
 
-def load_list(path: Path, kind: str) -> list[dict[str, Any]]:
-    """Items of a `kubectl get -o yaml` List (or a single object, or a multi-document stream)."""
+def load_nodes(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(Ready nodes, pods holding GPUs) of a fleet file (a mapping with `pools`: its nodes, and
+    the pods of its `preload`), else (the Node List, no pods)."""
+    docs = _load_all(path)
+    if len(docs) != 1 or not isinstance(docs[0], dict) or "pools" not in docs[0] or "kind" in docs[0]:
+        return load_list(path, "Node"), []
     try:
-        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+        fleet = parse_topology(docs[0])
+    except (ValueError, TypeError, KeyError) as exc:
+        raise InputError(f"{path}: not a valid fleet file: {exc}") from None
+    plans = list(plan_nodes(fleet))
+    nodes = [node_manifest(p, fleet.name) for p in plans]
+    for node in nodes:
+        node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    return nodes, [preload_pod_manifest(p, fleet.name) for p in plans if p.preload_gpus]
+
+
+def _load_all(path: Path) -> list[Any]:
+    try:
+        return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
     except OSError as exc:
         raise InputError(f"{path}: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
         raise InputError(f"{path}: not valid YAML: {exc}") from None
+
+
+def load_list(path: Path, kind: str) -> list[dict[str, Any]]:
+    """Items of a `kubectl get -o yaml` List (or a single object, or a multi-document stream)."""
+    docs = _load_all(path)
     items: list[Any] = []
     for doc in docs:
         if isinstance(doc, dict) and isinstance(doc.get("items"), list):

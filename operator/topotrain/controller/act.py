@@ -143,6 +143,8 @@ class Actuator:
                 return {}
         if decision.release and not refused:
             self.gone += self._release(namespace, decision.release)
+        if decision.delete_job:  # spec.ttlSecondsAfterFinished; the children go by owner reference
+            self.kube.delete_job(namespace, key[1], str(body["metadata"]["uid"]))
         return refused
 
     def _release(self, namespace: str, names: list[str]) -> list[str]:
@@ -247,7 +249,7 @@ def relabel_pods(kube: Kube, namespace: str, seen: Mapping[str, str],
 def acts(decision: Decision) -> bool:
     """Whether the pass goes on to change pods or the Workload after its status write."""
     return bool(decision.delete or decision.launch or decision.relabel or decision.release
-                or decision.checkpoint_request or decision.release_quota)
+                or decision.checkpoint_request or decision.release_quota or decision.delete_job)
 
 
 def _labels(pod: Mapping[str, Any] | None) -> Mapping[str, Any]:

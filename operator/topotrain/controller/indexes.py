@@ -38,6 +38,7 @@ def _container_states(status: Mapping[str, Any]) -> tuple[list[dict[str, Any]], 
         term, wait = state.get("terminated"), state.get("waiting")
         if term:
             terminated.append({
+                "name": cs.get("name") or "",
                 "exitCode": term.get("exitCode"), "reason": term.get("reason", ""),
                 "message": str(term.get("message") or "")[-MESSAGE_LIMIT:],
             })
@@ -46,13 +47,19 @@ def _container_states(status: Mapping[str, Any]) -> tuple[list[dict[str, Any]], 
     return terminated, waiting
 
 
+# Conditions every pod has: not kept (failure rules match the others, DisruptionTarget, ...).
+ROUTINE_CONDITIONS = frozenset({"Initialized", "ContainersReady", "Ready", "PodReadyToStartContainers"})
+
+
 def _pod_conditions(status: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The conditions that say why a pod cannot run: Unschedulable, DisruptionTarget."""
+    """The conditions that say why a pod cannot run or was stopped (Unschedulable,
+    DisruptionTarget) and any other but the routine ones, for spec.failurePolicy.rules."""
     out = []
     for cond in status.get("conditions") or []:
-        unschedulable = cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable"
-        if unschedulable or (cond.get("type") == "DisruptionTarget" and cond.get("status") == "True"):
-            out.append({k: cond.get(k) for k in ("type", "reason", "message")})
+        kind = cond.get("type")
+        unschedulable = kind == "PodScheduled" and cond.get("reason") == "Unschedulable"
+        if unschedulable or (kind != "PodScheduled" and kind not in ROUTINE_CONDITIONS):
+            out.append({k: cond.get(k) for k in ("type", "status", "reason", "message")})
     return out
 
 

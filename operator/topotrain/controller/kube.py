@@ -20,12 +20,12 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException as ApiException  # re-exported: see below
 
-from topotrain import GROUP, PLURAL, VERSION
+from topotrain import GROUP, PLURAL, TEMPLATE_PLURAL, VERSION
 from topotrain.controller.status_patch import status_patch
 from topotrain.core.kueue import KUEUE_GROUP, KUEUE_VERSION
 from topotrain.core.manifests import FIELD_OWNER
@@ -33,6 +33,7 @@ from topotrain.core.ownership import ForeignObject, controller_owner, foreign_me
 from topotrain.core.rank_table import RankTable, parse_rank_table, rank_table_name
 
 log = logging.getLogger("topotrain.kube")
+T = TypeVar("T")
 # The other modules of the controller catch ApiException from here: this module stays the only
 # one that imports the Kubernetes client.
 WORKERS = 16  # parallel pod creates/deletes: a 512-pod gang in well under a second
@@ -128,6 +129,11 @@ class Kube:
             raise
         return str((cast(dict[str, Any], written).get("metadata") or {}).get("resourceVersion") or "")
 
+    def job_template(self, name: str) -> dict[str, Any] | None:
+        """TrainingJobTemplate `name` (cluster-scoped); None when it does not exist."""
+        return _unless_absent(lambda: cast(dict[str, Any], self.custom.get_cluster_custom_object(
+            GROUP, VERSION, TEMPLATE_PLURAL, name)))
+
     # --- children ------------------------------------------------------------
 
     def existing(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
@@ -137,13 +143,8 @@ class Kube:
             "ConfigMap": self.core.read_namespaced_config_map,
             "NetworkPolicy": self.networking.read_namespaced_network_policy,
         }[kind]
-        try:
-            obj = read(name, namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return self.wire_metadata(obj)
+        obj = _unless_absent(lambda: read(name, namespace))
+        return None if obj is None else self.wire_metadata(obj)
 
     def wire_metadata(self, obj: Any) -> dict[str, Any]:
         wire = self.api.sanitize_for_serialization(obj.metadata)  # type: ignore[no-untyped-call]
@@ -349,10 +350,17 @@ class Kube:
 
     def delete_workload(self, namespace: str, name: str, uid: str) -> None:
         """Delete the Workload `uid` (a namesake created meanwhile stays; gone is fine)."""
+        self._delete_custom(uid, (KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", name))
+
+    def delete_job(self, namespace: str, name: str, uid: str) -> None:
+        """Delete TrainingJob `uid` (its children go by their owner references)."""
+        self._delete_custom(uid, (GROUP, VERSION, namespace, PLURAL, name))
+
+    def _delete_custom(self, uid: str, path: tuple[str, str, str, str, str]) -> None:
         self.fence()
         try:
             self.custom.delete_namespaced_custom_object(
-                KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", name,
+                *path,
                 body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
                 propagation_policy="Background")
         except ApiException as exc:
@@ -369,28 +377,24 @@ class Kube:
              field_manager=FIELD_OWNER, _content_type="application/merge-patch+json")
 
     def resource_flavor(self, name: str) -> dict[str, Any] | None:
-        try:
-            return cast(dict[str, Any], self.custom.get_cluster_custom_object(
-                KUEUE_GROUP, KUEUE_VERSION, "resourceflavors", name))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return _unless_absent(lambda: cast(dict[str, Any], self.custom.get_cluster_custom_object(
+            KUEUE_GROUP, KUEUE_VERSION, "resourceflavors", name)))
 
     def priority_value(self, name: str) -> int | None:
         """The value of PriorityClass `name`; None when it does not exist."""
-        try:
-            return int(client.SchedulingV1Api(self.api).read_priority_class(name).value or 0)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return _unless_absent(
+            lambda: int(client.SchedulingV1Api(self.api).read_priority_class(name).value or 0))
 
     def _custom_get(self, namespace: str, name: str, plural: str) -> dict[str, Any] | None:
-        try:
-            return cast(dict[str, Any], self.custom.get_namespaced_custom_object(
-                KUEUE_GROUP, KUEUE_VERSION, namespace, plural, name))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return _unless_absent(lambda: cast(dict[str, Any], self.custom.get_namespaced_custom_object(
+            KUEUE_GROUP, KUEUE_VERSION, namespace, plural, name)))
+
+
+def _unless_absent(call: Callable[[], T]) -> T | None:
+    """`call()`, or None when the API server says the object does not exist (404)."""
+    try:
+        return call()
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise

@@ -20,10 +20,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import kopf
-from pydantic import ValidationError
 
 from topotrain.api.spec import TrainingJobSpec
-from topotrain.api.status import ConditionType, TrainingJobStatus
+from topotrain.api.status import ConditionType, JobTemplateStatus, Reason, TrainingJobStatus
 from topotrain.controller.act import Actuator, acts
 from topotrain.controller.health import PASSES
 from topotrain.controller.indexes import IndexedNodes, JobKey, index_values, job_pods_key
@@ -34,7 +33,7 @@ from topotrain.controller.process import Operator
 from topotrain.controller.queue_link import QueueLink, QueueView, queue_name
 from topotrain.controller.snapshot import Snapshot
 from topotrain.core import reconcile as rec
-from topotrain.core import transitions
+from topotrain.core import templates, transitions
 from topotrain.core.decision import Decision, Observed, PodsAccepted, Refusal
 from topotrain.core.kueue_admission import lost_assigned, within_assignment
 from topotrain.core.manifests import template_hash
@@ -70,6 +69,7 @@ class JobLoop:
         self.queue = QueueLink(op.kube, key, self.uid, op.settings.labels)
         self.queue_view: QueueView | None = None  # this pass's reading of the Kueue Workload
         self.version: str | None = None  # the job's resourceVersion this loop's next write tests
+        self.job_template: JobTemplateStatus | None = None  # this pass's (core/templates.py)
 
     async def run(self, stopped: kopf.DaemonStopped, pods: kopf.Index[str, Any],
                   nodes: kopf.Index[str, Any]) -> None:
@@ -111,12 +111,15 @@ class JobLoop:
         started = time.perf_counter()
         self.version = self.op.read_version(self.key, self.uid, self.body)
         status = TrainingJobStatus.model_validate(self._status_read())
-        try:
-            spec = TrainingJobSpec.model_validate(dict(self.body.get("spec") or {}))
-        except ValidationError as exc:
-            rejected = transitions.reject_spec(status, str(exc).splitlines()[0:3], datetime.now(UTC))
+        raw = dict(self.body.get("spec") or {})  # merged over its template, if it names one
+        name = templates.to_read(raw, status.job_template)
+        live = await asyncio.to_thread(self.op.kube.job_template, name) if name else None
+        resolved = templates.resolve_job(raw, status.job_template, live)
+        if resolved.spec is None:
+            rejected = transitions.reject_spec(status, [resolved.message], datetime.now(UTC), resolved.reason)
             self.version = await self.op.write_status(self.key, self.uid, rejected.status, self.version)
-            return None
+            return None if resolved.reason == Reason.INVALID_SPEC else self.op.settings.reconcile_interval
+        spec, self.job_template = resolved.spec, resolved.record
         view = self.queue_view = None
         self.actuator.queued = queue_name(self.body) is not None
         if self.actuator.queued:
@@ -305,7 +308,7 @@ class JobLoop:
             template=template_hash(spec), move_off_cordoned=self.op.settings.move_off_cordoned,
             checkpoint_request_timeout=self.op.settings.checkpoint_request_timeout,
             queue=view.gate if view else None, refusal=self.refusal, accepted=self.accepted,
-            took_over=self.observer.took_over,
+            took_over=self.observer.took_over, job_template=self.job_template,
         )
 
     async def _settle_queue(self, view: QueueView, decision: Decision) -> None:
@@ -322,6 +325,7 @@ class JobLoop:
         namespace, name = self.key
         st = decision.status
         METRICS.job_phase(namespace, name, st.phase)
+        METRICS.job_progress(namespace, name, st.progress, datetime.now(UTC))
         if decision.restart_reason:
             METRICS.restarts.labels(decision.restart_reason).inc()
         if decision.recovered_seconds is not None:

@@ -9,6 +9,9 @@
 | topotrain_placement_cost | gauge | namespace, job | communication cost of the current placement |
 | topotrain_reconcile_seconds | histogram | | duration of one reconcile pass |
 | topotrain_checkpoint_age_seconds | gauge | namespace, job | age of the latest committed checkpoint |
+| topotrain_progress_percent | gauge | namespace, job | status.progress.percentComplete |
+| topotrain_steps_per_second | gauge | namespace, job | status.progress.stepsPerSecond |
+| topotrain_eta_seconds | gauge | namespace, job | seconds until status.progress.estimatedCompletionTime |
 | topotrain_watch_events_total | counter | resource | watch events handled (nodes, GPU pods, TrainingJobs) |
 | topotrain_leader | gauge | | 1 while this replica holds the Lease and acts (standalone: always 1), else 0 |
 """
@@ -16,10 +19,11 @@
 from __future__ import annotations
 
 import contextlib
+from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from topotrain.api.status import PHASES
+from topotrain.api.status import PHASES, ProgressStatus
 
 RECOVERY_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 30, 60, 120, 300, 600)
 FIRST_STEP_BUCKETS = (1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1200, 1800)
@@ -60,6 +64,12 @@ class Metrics:
             "topotrain_checkpoint_age_seconds", "Age of the latest committed checkpoint",
             ["namespace", "job"], registry=r,
         )
+        self.progress = Gauge("topotrain_progress_percent", "Percent of spec.training.steps done",
+                              ["namespace", "job"], registry=r)
+        self.rate = Gauge("topotrain_steps_per_second", "Training steps per second (recent window)",
+                          ["namespace", "job"], registry=r)
+        self.eta = Gauge("topotrain_eta_seconds", "Seconds until the estimated completion",
+                         ["namespace", "job"], registry=r)
         self.ghost_pods = Counter(
             "topotrain_ghost_pods", "Pods the watch cache showed that the API server said were gone "
             "(a 404 to a call of ours, mostly a deletion the watch had not delivered yet; or missing "
@@ -84,7 +94,7 @@ class Metrics:
         key = (namespace, job)
         if phase is None:
             self._phases.pop(key, None)
-            for gauge in (self.placement_cost, self.checkpoint_age):
+            for gauge in (self.placement_cost, self.checkpoint_age, self.progress, self.rate, self.eta):
                 with contextlib.suppress(KeyError):
                     gauge.remove(namespace, job)
         else:
@@ -94,6 +104,19 @@ class Metrics:
             counts[value] = counts.get(value, 0) + 1
         for name, count in counts.items():
             self.jobs.labels(name).set(count)
+
+    def job_progress(self, namespace: str, job: str, progress: ProgressStatus | None,
+                     now: datetime) -> None:
+        """The progress gauges of a job from its status.progress (unset values: not exported)."""
+        if progress is None:
+            return
+        if progress.percent_complete is not None:
+            self.progress.labels(namespace, job).set(progress.percent_complete)
+        if progress.steps_per_second is not None:
+            self.rate.labels(namespace, job).set(progress.steps_per_second)
+        if progress.estimated_completion_time is not None:
+            ends = datetime.fromisoformat(progress.estimated_completion_time.replace("Z", "+00:00"))
+            self.eta.labels(namespace, job).set(max(0.0, (ends - now).total_seconds()))
 
     def serve(self, port: int) -> None:
         if port:

@@ -61,7 +61,8 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
     unschedulable = [c for c in conditions if c.get("type") == "PodScheduled"]
     if unschedulable and not waiting:
         waiting = [{"reason": "Unschedulable", "message": unschedulable[0].get("message") or ""}]
-    disruption = [c for c in conditions if c.get("type") == "DisruptionTarget"]
+    disruption = [c for c in conditions if c.get("type") == "DisruptionTarget"
+                  and c.get("status", "True") == "True"]
     preempted = any("Preempt" in str(c.get("reason") or "") for c in disruption)
     message = str(status.get("message") or "") or str((first or {}).get("message") or "")
     if preempted and not message:
@@ -84,6 +85,9 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         resume_step=annotations.get(RESUME_ANNOTATION),
         template=str(annotations.get(TEMPLATE_ANNOTATION, "")),
         checkpoint_request=str(annotations.get(CHECKPOINT_REQUEST, "")),
+        exits=tuple((str(t.get("name") or ""), int(t["exitCode"])) for t in codes),
+        conditions=frozenset((str(c.get("type")), str(c.get("status") or "True")) for c in conditions
+                             if c.get("type") != "PodScheduled"),
     )
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from topotrain.api.spec import TrainingJobSpec
-from topotrain.api.status import TrainingJobStatus
+from topotrain.api.status import JobTemplateStatus, TrainingJobStatus
 from topotrain.checkpoints import PrefixOwner
 from topotrain.core import planned, policy
 from topotrain.core.kueue_admission import QueueGate
@@ -76,6 +76,8 @@ class Observed:
     # The owner record of the job's checkpoint prefix, when it says the job took over another
     # run's checkpoints (spec.checkpoint.resumePolicy: Always): status.resumedFrom.
     took_over: PrefixOwner | None = None
+    # The TrainingJobTemplate generation the spec was resolved over (core/templates.py).
+    job_template: JobTemplateStatus | None = None
 
 
 @dataclass(frozen=True)
@@ -126,3 +128,4 @@ class Decision:
     # A node of Kueue's topology assignment is lost and the gang fits nowhere else in it: hand the
     # job back to Kueue for a new assignment (queue_link.py evicts the Workload with this message).
     hand_back: str | None = None
+    delete_job: bool = False  # spec.ttlSecondsAfterFinished passed: delete the job itself

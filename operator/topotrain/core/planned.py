@@ -33,7 +33,7 @@ from topotrain.core.status_edits import iso
 CHECKPOINT_REQUEST_TIMEOUT = 120.0
 POLL_SECONDS = 2.0  # how often a pass looks for the requested COMMITTED while waiting
 # Stops that another party waits for: their bound holds even while the store is unreadable.
-BOUNDED_WHATEVER_THE_STORE = frozenset({"evict", "suspend"})
+BOUNDED_WHATEVER_THE_STORE = frozenset({"evict", "suspend", "deadline"})
 
 
 @dataclass(frozen=True)

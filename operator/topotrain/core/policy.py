@@ -89,6 +89,8 @@ class PodView:
     template: str = ""  # annotation topotrain.io/template: the pod template hash it runs
     checkpoint_request: str = ""  # annotation topotrain.io/checkpoint-request (planned.py)
     owned: bool = True  # its controller owner is this job (False: another object's pod)
+    exits: tuple[tuple[str, int], ...] = ()  # (container, exit code) of each that exited non-zero
+    conditions: frozenset[tuple[str, str]] = frozenset()  # (type, status) of its notable conditions
 
     @property
     def where(self) -> str:
@@ -117,6 +119,13 @@ class Failure:
     lost_nodes: frozenset[str] = field(default_factory=frozenset)
     blamed: frozenset[str] = field(default_factory=frozenset)  # nodes the failure is attributed to
     node_fault: bool = False  # it got a node avoided: the node's, whatever its reason (charged_to_node)
+    # What the failure rules match (failure_rules.py): the failed pod's container exits, its
+    # conditions, its termination reason and message, and the other failures seen with it.
+    exits: tuple[tuple[str, int], ...] = ()
+    conditions: frozenset[tuple[str, str]] = frozenset()
+    termination_reason: str = ""
+    detail: str = ""
+    others: tuple[Failure, ...] = ()
 
     @property
     def kind(self) -> str:
@@ -224,7 +233,8 @@ def detect_failure(
     for pod in pods:
         failure = _pod_failure(pod, policy.non_retryable_exit_codes) or _node_failure(pod, nodes)
         if failure is not None:
-            found.append(failure)
+            found.append(replace(failure, exits=pod.exits, conditions=pod.conditions,
+                                 termination_reason=pod.reason, detail=pod.message))
     if started:
         present = {p.index for p in pods}
         missing = [i for i in range(expected) if i not in present]
@@ -246,7 +256,7 @@ def detect_failure(
     if len(crashed) == 1:
         blamed |= frozenset(n for n in crashed if n)
     message = first.message if len(found) == 1 else f"{first.message} (+{len(found) - 1} more)"
-    return replace(first, message=message, lost_nodes=lost, blamed=blamed)
+    return replace(first, message=message, lost_nodes=lost, blamed=blamed, others=tuple(found[1:]))
 
 
 def stuck_failure(
@@ -355,6 +365,7 @@ class RestartDecision:
     message: str
     delay_seconds: float = 0.0
     restarts: int = 0  # the job's restart count after this decision
+    counted: bool = True  # False: a RestartWithoutCounting rule's restart (no budget is used)
 
 
 def used_budgets(restarts: int, by_class: RestartBudgets | None) -> RestartBudgets:

@@ -19,9 +19,10 @@ from dataclasses import replace
 
 from topotrain.api.status import ConditionType as C
 from topotrain.api.status import Reason
-from topotrain.core import elastic, inplace, planned, policy
+from topotrain.core import deadline, elastic, inplace, planned, policy
 from topotrain.core.decision import Decision, Launch, Observed
 from topotrain.core.planning import PlanOutcome
+from topotrain.core.progress_rate import total_steps
 from topotrain.core.reconcile_faults import on_failure
 from topotrain.core.reconcile_inplace import missing_replaced, relabel, replace_in_place
 from topotrain.core.reconcile_launch import WAIT_SHORT, blocking, launch, newer_commit, node_ready
@@ -53,7 +54,7 @@ def reconcile(obs: Observed) -> Decision:
     """
     sb = StatusBuilder(obs.status, obs.generation, obs.now)
     sb.select(selector(obs.name))
-    sb.observe_checkpoint(obs.checkpoint)
+    sb.observe_checkpoint(obs.checkpoint, total_steps(obs.spec.training))
     observe_edge(obs, sb)
     decision = Decision(status=sb.status)
     if sb.status.phase in FINISHED:
@@ -62,8 +63,11 @@ def reconcile(obs: Observed) -> Decision:
     current = [p for p in obs.pods if p.attempt == attempt]
     if not _configured(obs, sb, decision, current):
         return settle(decision, sb)
+    if deadline.expired(obs, sb, decision, attempt, current):  # spec.activeDeadlineSeconds
+        return settle(decision, sb)
     _branch(obs, sb, decision, attempt, current, stale)
     _afterwards(obs, sb, decision, attempt)
+    deadline.come_back_by(obs, sb, decision)
     return settle(decision, sb)
 
 
@@ -72,6 +76,7 @@ def _finished(obs: Observed, sb: StatusBuilder, decision: Decision) -> Decision:
     keep = ("Failed",) if sb.status.phase == "Failed" else ()
     decision.delete = [p.name for p in obs.pods if not p.terminating and p.phase not in keep]
     sb.generation_observed()
+    deadline.after_finish(obs, sb, decision)  # spec.ttlSecondsAfterFinished
     return decision
 
 

@@ -17,6 +17,7 @@ from topotrain.api.spec import Parallelism
 from topotrain.api.status import (
     CheckpointStatus,
     CurrentParallelism,
+    JobTemplateStatus,
     PlacementSummary,
     ProgressStatus,
     Reason,
@@ -28,6 +29,7 @@ from topotrain.api.status import ConditionType as C
 from topotrain.checkpoints import AttemptStart, PrefixOwner, WorkerFailure
 from topotrain.core import elastic
 from topotrain.core.planning import PlanOutcome
+from topotrain.core.progress_rate import advance
 from topotrain.core.status_edits import NORMAL, WARNING, iso, parse
 from topotrain.core.status_lifecycle import LifecycleStatus
 from topotrain.degrees import REASON as DEGREE_NOT_ALLOWED
@@ -75,7 +77,8 @@ class StatusBuilder(LifecycleStatus):
 
     # --- observations --------------------------------------------------------
 
-    def observe_checkpoint(self, view: CheckpointView | None) -> None:
+    def observe_checkpoint(self, view: CheckpointView | None, total: int | None = None) -> None:
+        """What the store said; `total`: the run's length in steps, for progress (progress_rate)."""
         if view is None:
             return
         if not view.reachable:
@@ -102,10 +105,20 @@ class StatusBuilder(LifecycleStatus):
             changed = (old is None or old.step != view.progress_step
                        or old.attempt != view.progress_attempt or not old.observed_time)
             # The hang clock runs on the operator's clock, from the pass that first saw this step.
-            seen = iso(self.now) if changed or old is None else old.observed_time
-            self.status.progress = ProgressStatus(
-                step=view.progress_step, time=when, attempt=view.progress_attempt, observed_time=seen,
-            )
+            if changed or old is None:
+                self.status.progress = advance(old, ProgressStatus(
+                    step=view.progress_step, time=when, attempt=view.progress_attempt,
+                    observed_time=iso(self.now)), total, self.now)
+            else:
+                self.status.progress = old.model_copy(update={"time": when})
+
+    def job_template(self, record: JobTemplateStatus) -> None:
+        """status.jobTemplate: the template generation the spec resolved over (an Event when new)."""
+        old = self.status.job_template
+        if old is None or (old.name, old.generation) != (record.name, record.generation):
+            self._event(NORMAL, Reason.TEMPLATE_RESOLVED, f"spec resolved over TrainingJobTemplate "
+                        f"{record.name} generation {record.generation}")
+        self.status.job_template = record
 
     def took_over(self, record: PrefixOwner) -> None:
         """status.resumedFrom, and one Event, once the job took over another run's checkpoints."""

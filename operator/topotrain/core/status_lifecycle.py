@@ -60,7 +60,9 @@ class LifecycleStatus(StatusEdits):
     def restarting(self, verdict: RestartDecision, next_attempt: int, kind: str = APPLICATION) -> None:
         st = self.status
         used = used_budgets(st.restarts, st.restarts_by_class)
-        if kind == APPLICATION:
+        if not verdict.counted:
+            used.uncounted += 1
+        elif kind == APPLICATION:
             used.application += 1
         else:
             used.infrastructure += 1

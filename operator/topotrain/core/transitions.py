@@ -45,9 +45,11 @@ def refusal_condition(refused: Mapping[str, str]) -> Refusal:
 
 def observe_edge(obs: Observed, sb: StatusBuilder) -> None:
     """What the controller learned since the last status write: a checkpoint prefix taken over
-    (status.resumedFrom), and the API server's answer to the last launch's pod creates."""
+    (status.resumedFrom), the template generation the spec resolved over (status.jobTemplate), and the API server's answer to the last launch's pod creates."""
     if obs.took_over is not None:
         sb.took_over(obs.took_over)
+    if obs.job_template is not None:
+        sb.job_template(obs.job_template)
     if sb.status.phase in FINISHED:
         return
     if obs.refusal is not None:
@@ -65,11 +67,13 @@ def settle(decision: Decision, sb: StatusBuilder) -> Decision:
     return decision
 
 
-def reject_spec(status: TrainingJobStatus, problems: list[str], now: datetime) -> Decision:
-    """The spec does not parse: ConfigValid=False (reason InvalidSpec, the validation's first
-    lines), and nothing else is decided or changed until it does."""
+def reject_spec(status: TrainingJobStatus, problems: list[str], now: datetime,
+                reason: str = Reason.INVALID_SPEC) -> Decision:
+    """The spec does not parse, or does not resolve over its template (core/templates.py):
+    ConfigValid=False (`reason`, the problems naming their fields), and nothing else is decided
+    or changed until it does."""
     out = status.model_copy(deep=True)
     seconds = now.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
     out.conditions = set_condition(out.conditions, ConditionType.CONFIG_VALID, False,
-                                   Reason.INVALID_SPEC, " ".join(problems), now=seconds)
+                                   reason, " ".join(problems), now=seconds)
     return Decision(status=out)
