@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,8 @@ from testbed.harness_stack import (
 )
 from testbed.kube import Kube
 from testbed.procs import wait_until
-from tests.e2e.jobs import JOB_TIMEOUT, phase_is, spec_dp2
+from tests.datasets import prepare
+from tests.e2e.jobs import BUCKET, JOB_TIMEOUT, phase_is, spec_dp2
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -50,27 +50,24 @@ def harness(kube: Kube, namespace: str, tmp_path: Path) -> Iterator[PodProcessHa
         yield running
 
 
-def _bucket_name() -> str:
-    return f"e2e-{uuid.uuid4().hex[:10]}"
-
-
 @pytest.fixture(scope="session")
 def s3_target(request: pytest.FixtureRequest) -> S3Target:
-    """A fresh bucket for the module's jobs, on the external S3 store if one is named."""
+    """The session's bucket for its jobs, on the external S3 store if one is named, with the
+    tokenized dataset every job trains from (tests/datasets.py) written into it."""
     endpoint = os.environ.get("TOPOTRAIN_E2E_S3_ENDPOINT")
     if endpoint:
         target = S3Target(
             endpoint,
             os.environ["TOPOTRAIN_E2E_S3_ACCESS_KEY"],
             os.environ["TOPOTRAIN_E2E_S3_SECRET_KEY"],
-            _bucket_name(),
+            BUCKET,
         )
         target.client().create_bucket(Bucket=target.bucket)
-        return target
-    server = request.getfixturevalue("s3")
-    return S3Target(
-        server.endpoint, server.access_key, server.secret_key, server.create_bucket(_bucket_name())
-    )
+    else:
+        server = request.getfixturevalue("s3")
+        target = S3Target(server.endpoint, server.access_key, server.secret_key, server.create_bucket(BUCKET))
+    prepare(target.client(), target.bucket)
+    return target
 
 
 @pytest.fixture

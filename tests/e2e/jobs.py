@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 from testbed.harness_proc import json_lines
 from testbed.harness_stack import Stack
+from tests.datasets import dataset_uri
 
 # The trainer states (tests/trainer, docs/trainer.md) that any mesh, resumed
 # or resharded, matches a single-process run within 1e-5 absolute on CPU;
@@ -17,9 +19,13 @@ STEPS = 12
 INTERVAL = 4
 JOB_TIMEOUT = 900.0
 
+# The session's bucket (conftest.s3_target creates it), named here so that every job's training
+# can name the dataset the session fixture writes into it (tests/datasets.py): each job trains
+# from tokenized shards in S3.
+BUCKET = f"e2e-{uuid.uuid4().hex[:10]}"
 TRAINING: dict[str, Any] = {
     "model": "tiny", "steps": STEPS, "globalBatch": 8, "microBatch": 2,
-    "progressEvery": 1, "metricsPort": 0,
+    "progressEvery": 1, "metricsPort": 0, "dataset": dataset_uri(BUCKET),
 }  # fmt: skip
 # A fault or a resize needs a job that is still training when it lands. No test sizes a job's
 # length to win that race: the job holds (training.holdAtStep, a test aid, docs/trainer.md) at

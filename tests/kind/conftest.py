@@ -153,9 +153,25 @@ def _answers(client: Any, forward: PortForward | None) -> bool:
         return False
 
 
+# The bucket of the tokenized dataset every job trains from (tests/datasets.py, tests/kind/jobs.py).
+DATA_BUCKET = f"kind-data-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def dataset(s3_access: S3Access) -> str:
+    """The session's dataset, written once into DATA_BUCKET; its URI."""
+    from tests.datasets import dataset_uri, prepare
+
+    client = s3_access.client()
+    client.create_bucket(Bucket=DATA_BUCKET)
+    prepare(client, DATA_BUCKET)
+    return dataset_uri(DATA_BUCKET)
+
+
 @pytest.fixture
-def bucket(s3_access: S3Access) -> str:
-    """A fresh bucket for one test (kept for the post-mortem; the cluster goes at the end)."""
+def bucket(s3_access: S3Access, dataset: str) -> str:
+    """A fresh bucket for one test (kept for the post-mortem; the cluster goes at the end); the
+    session's dataset is written before the first one."""
     name = f"kind-{uuid.uuid4().hex[:10]}"
     s3_access.client().create_bucket(Bucket=name)
     return name

@@ -17,7 +17,8 @@ from topotrain.core.manifests import ATTEMPT_LABEL, CONTAINER, INDEX_LABEL, JOB_
 
 from testbed.harness_proc import events_by_attempt
 from testbed.kube import Kube
-from tests.kind.conftest import KindEnv, kubectl, kubectl_json, wait_for
+from tests.datasets import dataset_uri
+from tests.kind.conftest import DATA_BUCKET, KindEnv, kubectl, kubectl_json, wait_for
 
 # Small enough for two CPU cores: 8 gloo ranks of the tiny model.
 STEPS = 12
@@ -30,8 +31,9 @@ REFERENCE: dict[int, float] = {}
 
 
 def training(steps: int = STEPS, **extra: Any) -> dict[str, Any]:
-    return {"model": "tiny", "steps": steps, "globalBatch": 8, "microBatch": 2,
-            "progressEvery": 1, "metricsPort": 0, **extra}  # fmt: skip
+    """Trains from the session's tokenized shards in S3 (the `bucket` fixture writes them first)."""
+    return {"model": "tiny", "steps": steps, "globalBatch": 8, "microBatch": 2, "progressEvery": 1,
+            "metricsPort": 0, "dataset": dataset_uri(DATA_BUCKET), **extra}  # fmt: skip
 
 
 def manifest(env: KindEnv, name: str, bucket: str, *, data: int = 2, min_data: int | None = None,

@@ -12,18 +12,24 @@ from pathlib import Path
 
 import torch
 from topotrain_trainer.config import TrainingConfig
-from topotrain_trainer.data import BatchLoader, TokenDataset, ensure_synthetic
+from topotrain_trainer.data import BatchLoader, TokenDataset, ensure_synthetic, model_vocab
 from topotrain_trainer.model import Transformer, model_config
+from topotrain_trainer.shards import open_store
 from topotrain_trainer.train import lr_lambda
 
 
 def reference_run(
-    config: TrainingConfig, steps: int | None = None
+    config: TrainingConfig, steps: int | None = None, model: Transformer | None = None
 ) -> tuple[list[float], list[float]]:
-    """(loss, gradient norm) of each step."""
-    torch.manual_seed(config.seed)
-    model = Transformer(model_config(config.model))
-    model.init_weights()
+    """(loss, gradient norm) of each step; `model`: start from it (trained in place) instead of
+    the seed's initialisation."""
+    root = Path(config.staging_dir or tempfile.mkdtemp())
+    uri = str(ensure_synthetic(root, config.seed)) if config.dataset == "synthetic" else config.dataset
+    dataset = TokenDataset(open_store(uri), config.seq_len)
+    if model is None:
+        torch.manual_seed(config.seed)
+        model = Transformer(model_config(config.model, model_vocab(dataset.vocab_size)))
+        model.init_weights()
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=config.lr,
@@ -32,9 +38,7 @@ def reference_run(
         foreach=False,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(config))
-    root = Path(config.staging_dir or tempfile.mkdtemp())
-    loader = BatchLoader(TokenDataset(ensure_synthetic(root, config.seed), config.seq_len), config.seed,
-                         config.global_batch, data=1, dp_rank=0)  # fmt: skip
+    loader = BatchLoader(dataset, config.seed, config.global_batch, data=1, dp_rank=0)
     micro = config.global_batch // config.micro_batch
     losses, norms = [], []
     for step in range(steps or config.steps):

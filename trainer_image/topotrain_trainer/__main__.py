@@ -28,7 +28,6 @@ from topotrain.contract import ContractError, TrainerEnv, control_path, read_con
 from topotrain_trainer._procname import SPARE_ENV, set_process_name
 from topotrain_trainer.config import EXIT_BAD_CONFIG, EXIT_PEER_LOST, ConfigError, TrainingConfig
 from topotrain_trainer.data import check_vocab
-from topotrain_trainer.model import model_config
 from topotrain_trainer.supervisor import await_activation
 
 
@@ -38,7 +37,15 @@ def load() -> tuple[TrainerEnv, TrainingConfig]:
         with_control(env, read_control(control_path()))
     config = TrainingConfig.from_json(env.training_config)
     config.check_mesh(env.tensor, env.pipeline, env.data)
-    check_vocab(config.dataset, config.model, model_config(config.model).vocab_size)
+    vocabs = {check_vocab(uri, config.model) for uri in config.datasets()} - {None}
+    if len(vocabs) > 1:
+        raise ConfigError(f"training.dataset={config.dataset!r}: the datasets' vocab_size differ "
+                          f"({sorted(v for v in vocabs if v is not None)}): tokenize them with one tokenizer")  # fmt: skip
+    vocab = max((v for v in vocabs if v is not None), default=None)
+    if config.init_weights:  # the weights' shape and vocabulary, before any rank starts
+        from topotrain_trainer.weights import job_model
+
+        job_model(config, vocab or 0)
     return env, config
 
 
@@ -85,10 +92,13 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
-# gloo's messages when the other end of a connection went away (its process died or hung)
+# gloo's messages when the other end of a connection went away (its process died or hung), and
+# NCCL's when a remote rank failed, a collective timed out or the watchdog aborted the communicator
 PEER_LOSS_MARKERS = (
     "Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused",
     "Timed out", "timed out", "gloo/transport",
+    "remote process exited", "ncclRemoteError", "NCCL communicator was aborted",
+    "operations have failed or timed out",
 )
 
 
@@ -107,7 +117,7 @@ def peer_lost(err: BaseException) -> bool:
         if isinstance(cause, (dist.DistNetworkError, dist.DistStoreError)):
             return True
         if isinstance(cause, RuntimeError) and any(m in str(cause) for m in PEER_LOSS_MARKERS):
-            return True
+            return True  # DistBackendError (NCCL) is a RuntimeError too
         cause = cause.__cause__ or cause.__context__
     return False
 
@@ -131,49 +141,84 @@ def train_rank(env: TrainerEnv, config: TrainingConfig) -> int:
     return 0
 
 
-def prepare(argv: list[str]) -> int:
-    from topotrain_trainer.data import (
-        DEFAULT_SHARD_TOKENS,
-        byte_tokens,
-        synthetic_tokens,
-        write_dataset,
-    )
+def prepare_parser() -> argparse.ArgumentParser:
+    from topotrain_trainer.data import DEFAULT_SHARD_TOKENS
 
-    parser = argparse.ArgumentParser(prog="python -m topotrain_trainer prepare",
-                                     description="Write byte-tokenized shards + index.json for training.dataset.")  # fmt: skip
-    parser.add_argument("--out", required=True, type=Path, help="dataset directory to write")
-    parser.add_argument("texts", nargs="*", type=Path, help="UTF-8 text files to tokenize")
-    parser.add_argument(
-        "--synthetic-tokens",
-        type=int,
-        default=0,
-        help="generate this many synthetic tokens instead",
-    )
+    parser = argparse.ArgumentParser(
+        prog="python -m topotrain_trainer prepare",
+        description="Tokenize text files (.jsonl: one document per line's \"text\"; any other file: "
+        "one document) into uint32 token shards + index.json for training.dataset, in a directory "
+        "or under s3://bucket/prefix (credentials and endpoint from AWS_*).")  # fmt: skip
+    parser.add_argument("--out", required=True, help="dataset directory or s3://bucket/prefix")
+    parser.add_argument("texts", nargs="*", type=Path, help="text files to tokenize")
+    parser.add_argument("--tokenizer", type=Path, help="a tokenizer.json to use (default: train a BPE)")
+    parser.add_argument("--vocab-size", type=int, default=32000, help="the BPE's size when one is trained")
+    parser.add_argument("--eod-token", help="the given tokenizer's end-of-document token")
+    parser.add_argument("--bytes", action="store_true", help="byte tokens (vocab 256), no tokenizer")
+    parser.add_argument("--synthetic-tokens", type=int, default=0,
+                        help="generate this many synthetic byte tokens instead")  # fmt: skip
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS)
+    return parser
+
+
+def prepare(argv: list[str]) -> int:
+    from topotrain_trainer.data import byte_tokens, synthetic_tokens, write_dataset
+    from topotrain_trainer.shards import open_store
+
+    parser = prepare_parser()
     args = parser.parse_args(argv)
     if bool(args.texts) == bool(args.synthetic_tokens):
         parser.error("give text files or --synthetic-tokens, not both or neither")
-    chunks = (
-        byte_tokens(args.texts)
-        if args.texts
-        else synthetic_tokens(args.synthetic_tokens, args.seed)
-    )
-    out = write_dataset(args.out, chunks, args.shard_tokens, vocab=256)
-    print(json.dumps({"event": "prepared", "dataset": str(out)}))
+    store = open_store(args.out)
+    if args.synthetic_tokens or args.bytes:
+        chunks = byte_tokens(args.texts) if args.texts else synthetic_tokens(args.synthetic_tokens, args.seed)
+        write_dataset(store, chunks, args.shard_tokens, vocab=256, dtype="uint16")
+        print(json.dumps({"event": "prepared", "dataset": store.uri, "vocab_size": 256}))
+        return 0
+    from tokenizers import Tokenizer
+
+    from topotrain_trainer.tokens import documents, prepare_dataset
+
+    tokenizer = Tokenizer.from_file(str(args.tokenizer)) if args.tokenizer else None
+    summary = prepare_dataset(store, lambda: documents(args.texts), tokenizer=tokenizer,
+                              vocab_size=args.vocab_size, eod_token=args.eod_token,
+                              shard_tokens=args.shard_tokens)  # fmt: skip
+    print(json.dumps({"event": "prepared", **summary}))
     return 0
 
 
-USAGE = """usage: python -m topotrain_trainer [prepare ...]
+def export(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m topotrain_trainer export",
+        description="Write a committed checkpoint's model as Hugging Face safetensors (one "
+        "process, no GPU needed); S3 credentials and endpoint from AWS_*.")  # fmt: skip
+    parser.add_argument("--checkpoint", required=True,
+                        help="the job's checkpoint prefix: <checkpoint.uri>/<namespace>/<name>")  # fmt: skip
+    parser.add_argument("--step", type=int, help="the committed step (default: the newest)")
+    parser.add_argument("--model", required=True, help="training.model of the job")
+    parser.add_argument("--out", required=True, help="directory or s3://bucket/prefix")
+    args = parser.parse_args(argv)
+    from topotrain_trainer.weights import export_checkpoint
+
+    summary = export_checkpoint(args.checkpoint, args.step, args.model, args.out)
+    print(json.dumps({"event": "weights_exported", **summary}))
+    return 0
+
+
+USAGE = """usage: python -m topotrain_trainer [prepare ... | export ...]
 
 Without arguments: train, configured by the operator's pod environment (TOPOTRAIN_*,
 MASTER_ADDR, ...) and TOPOTRAIN_TRAINING_CONFIG (JSON); exit 78 on a bad configuration.
-prepare: write a token dataset (`python -m topotrain_trainer prepare --help`)."""
+prepare: write a token dataset (`python -m topotrain_trainer prepare --help`).
+export: a committed checkpoint as Hugging Face safetensors (`... export --help`)."""
 
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["prepare"]:
         return prepare(argv[1:])
+    if argv[:1] == ["export"]:
+        return export(argv[1:])
     if argv[:1] in (["-h"], ["--help"]):
         print(USAGE)
         return 0

@@ -88,11 +88,13 @@ class AppState(Stateful):
 
 
 def _rng_state() -> io.BytesIO:
-    states = {
+    states: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "numpy": np.random.get_state(),
         "python": random.getstate(),
     }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # this rank's GPU's generator
+        states["cuda"] = torch.cuda.get_rng_state()
     return io.BytesIO(pickle.dumps(states))
 
 
@@ -102,3 +104,5 @@ def _set_rng_state(buffer: io.BytesIO) -> None:
     torch.set_rng_state(states["torch"])
     np.random.set_state(states["numpy"])
     random.setstate(states["python"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state(states["cuda"])

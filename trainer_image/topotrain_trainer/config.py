@@ -21,6 +21,7 @@ from topotrain.degrees import DEFAULT_GLOBAL_BATCH, DEFAULT_MICRO_BATCH, DEFAULT
 from topotrain_sdk.contract import EXIT_BAD_CONFIG as EXIT_BAD_CONFIG
 from topotrain_sdk.contract import EXIT_PEER_LOST as EXIT_PEER_LOST
 from topotrain_trainer.model import MODEL_CONFIGS
+from topotrain_trainer.sampler import MixStage, parse_mixture
 
 SCHEDULES = ("1f1b", "gpipe")
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -43,10 +44,18 @@ class TrainingConfig:
     max_grad_norm: float = 1.0  # clip the global gradient norm; 0 disables
     steps: int = 100
     seed: int = 1234
-    dataset: str = "synthetic"  # a directory made by `prepare`, or "synthetic"
+    dataset: str = "synthetic"  # a directory or s3://bucket/prefix made by `prepare`, or "synthetic"
+    # several datasets, comma-separated in `dataset`, drawn with these weights by step:
+    # "STEP:W1,W2;STEP:W1,W2" (sampler.parse_mixture; default: equal weights throughout)
+    mixture: str = ""
+    # Hugging Face Llama weights (safetensors + config.json; a directory or s3://bucket/prefix) to
+    # start from, and where to write the trained weights in that format at the end (hf.py)
+    init_weights: str = ""
+    export_weights: str = ""
     schedule: str = DEFAULT_SCHEDULE  # pipeline schedule: 1f1b | gpipe
     precision: str = "auto"  # auto: bf16 on cuda, fp32 on cpu
     activation_checkpointing: bool = False
+    compile: bool = False  # torch.compile each transformer block (CUDA; needs triton)
     progress_every: int = 10  # steps between progress.json heartbeats and log lines
     metrics_port: int = DEFAULT_METRICS_PORT  # Prometheus port of local rank 0; 0 disables
     staging_dir: str = ""  # local disk for checkpoint staging; default: the temp dir
@@ -113,6 +122,20 @@ class TrainingConfig:
             raise ConfigError(f"training.plannedStopSeconds={self.planned_stop_seconds}: must be >= 0")
         if self.lr <= 0:
             raise ConfigError(f"training.lr={self.lr}: must be > 0")
+        self.mix_stages()
+
+    def datasets(self) -> list[str]:
+        return [d.strip() for d in self.dataset.split(",") if d.strip()]
+
+    def mix_stages(self) -> tuple[MixStage, ...]:
+        """training.mixture's stages over the datasets of training.dataset; () for one dataset."""
+        if len(self.datasets()) == 1 and not self.mixture:
+            return ()
+        text = self.mixture or "0:" + ",".join(["1"] * len(self.datasets()))
+        try:
+            return parse_mixture(text, len(self.datasets()))
+        except ValueError as err:
+            raise ConfigError(f"training.mixture={self.mixture!r}: {err}") from None
 
     def check_mesh(self, tensor: int, pipeline: int, data: int) -> None:
         """Reject what cannot run on this (tp, pp, dp) mesh, naming the rule."""
@@ -124,6 +147,11 @@ class TrainingConfig:
             raise ConfigError(
                 f"tensor={tensor} must divide the heads ({model.n_heads}), kv heads "
                 f"({model.n_kv_heads}) and ffn width ({model.ffn_dim}) of model {self.model}"
+            )
+        if model.tie_embeddings and pipeline > 1:
+            raise ConfigError(
+                f"training.model={self.model!r} ties its output projection to its token embedding "
+                f"(one parameter on the first and last stage): pipeline must be 1, not {pipeline}"
             )
         if pipeline > model.n_layers:
             raise ConfigError(

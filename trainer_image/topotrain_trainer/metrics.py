@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge, start_http_server
+
+if TYPE_CHECKING:
+    from torch import device as torch_device
 
 STEP_SECONDS = Gauge("topotrain_step_seconds", "Wall time of the last optimizer step")
 TOKENS_PER_SECOND = Gauge(
@@ -27,12 +30,35 @@ CHECKPOINT_STALL_TOTAL = Counter(
     "topotrain_checkpoint_stall_seconds", "Seconds training paused for checkpoints (all of them)"
 )
 CHECKPOINTS = Counter("topotrain_checkpoints", "Checkpoints by outcome", ["outcome"])
+TFLOPS = Gauge("topotrain_tflops_per_device", "Model TFLOP/s per device over the last step")
+MFU = Gauge("topotrain_mfu", "Model FLOPs utilisation of the last step (of the device's dense bf16 peak)")
+PEAK_MEMORY = Gauge("topotrain_peak_memory_bytes", "Peak GPU memory allocated by this rank")
+DATA_WAIT = Gauge("topotrain_data_wait_seconds", "Seconds the last step waited for its batch")
+
+# Dense bf16 peak FLOP/s by device name (vendor datasheets, without sparsity), for MFU.
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "B200": 2250e12}
+
+
+def peak_flops(device_name: str) -> float | None:
+    return next((flops for name, flops in PEAK_FLOPS.items() if name in device_name), None)
+
+
+def throughput(flops_per_token: float, tokens: int, seconds: float, devices: int,
+               peak: float | None) -> tuple[float, float | None]:  # fmt: skip
+    """(model TFLOP/s per device, MFU or None without a known peak)."""
+    if seconds <= 0 or devices < 1:
+        return 0.0, None
+    achieved = flops_per_token * tokens / seconds / devices
+    return achieved / 1e12, (achieved / peak if peak else None)
 
 
 class Metrics:
     def __init__(self, rank: int, local_rank: int, port: int) -> None:
         self.rank = rank
         self.serving = False
+        self.flops_per_token, self.devices = 0.0, 1
+        self.peak: float | None = None
+        self.cuda: torch_device | None = None
         if port and local_rank == 0:
             try:
                 start_http_server(port)
@@ -64,13 +90,37 @@ class Metrics:
             sys.stdout.write(json.dumps(line) + "\n")
             sys.stdout.flush()
 
-    def step(
-        self, step: int, loss: float, grad_norm: float, seconds: float, tokens: int, log: bool
-    ) -> None:
+    def throughput(self, flops_per_token: float, devices: int, device: torch_device) -> None:
+        """What MFU and TFLOP/s are computed from: the model, the world size, the device."""
+        import torch
+
+        self.flops_per_token, self.devices = flops_per_token, devices
+        if device.type == "cuda":
+            self.cuda = device
+            self.peak = peak_flops(torch.cuda.get_device_name(device))
+
+    def step(self, step: int, loss: float, grad_norm: float, seconds: float, tokens: int, log: bool,
+             *, data_wait: float = 0.0) -> None:  # fmt: skip
         STEP.set(step)
         STEP_SECONDS.set(seconds)
         TOKENS_PER_SECOND.set(tokens / seconds if seconds > 0 else 0.0)
         LOSS.set(loss)
+        DATA_WAIT.set(data_wait)
+        tflops, mfu = throughput(self.flops_per_token, tokens, seconds, self.devices, self.peak)
+        TFLOPS.set(tflops)
+        if mfu is not None:
+            MFU.set(mfu)
+        record: dict[str, Any] = {"event": "step", "step": step, "loss": loss, "grad_norm": grad_norm,
+                                  "step_seconds": round(seconds, 4), "data_wait_seconds": round(data_wait, 4),
+                                  "tokens_per_second": round(tokens / seconds, 1) if seconds > 0 else 0.0,
+                                  "tflops_per_device": round(tflops, 4)}  # fmt: skip
+        if mfu is not None:
+            record["mfu"] = round(mfu, 4)
+        if self.cuda is not None:
+            import torch
+
+            peak_memory = torch.cuda.max_memory_allocated(self.cuda)
+            PEAK_MEMORY.set(peak_memory)
+            record["peak_memory_bytes"] = peak_memory
         if log:
-            self.emit({"event": "step", "step": step, "loss": loss, "grad_norm": grad_norm, "step_seconds": round(seconds, 4),
-                       "tokens_per_second": round(tokens / seconds, 1) if seconds > 0 else 0.0})  # fmt: skip
+            self.emit(record)

@@ -24,9 +24,11 @@ class ModelConfig:
     n_heads: int
     n_kv_heads: int
     ffn_dim: int
-    vocab_size: int = 256  # byte-level tokens; real tokenizers set their own size
+    # the published vocabulary; a job's model takes its dataset's tokenizer's (data.model_vocab)
+    vocab_size: int = 256
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    tie_embeddings: bool = False  # the output projection is the token embedding (Llama 3.2 1B/3B)
 
     @property
     def head_dim(self) -> int:
@@ -35,28 +37,41 @@ class ModelConfig:
     def num_params(self) -> int:
         attn = self.dim * self.dim * 2 + 2 * self.dim * self.n_kv_heads * self.head_dim
         layer = attn + 3 * self.dim * self.ffn_dim + 2 * self.dim
-        return self.n_layers * layer + 2 * self.vocab_size * self.dim + self.dim
+        embeddings = (1 if self.tie_embeddings else 2) * self.vocab_size * self.dim
+        return self.n_layers * layer + embeddings + self.dim
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token (forward and backward): 6 per weight of every matmul (the
+        output projection included, the embedding lookup not) plus attention's scores and
+        values, 12 * layers * width * sequence (as PaLM's appendix counts them)."""
+        attn = self.dim * self.dim * 2 + 2 * self.dim * self.n_kv_heads * self.head_dim
+        matmul_weights = self.n_layers * (attn + 3 * self.dim * self.ffn_dim) + self.vocab_size * self.dim
+        return 6.0 * matmul_weights + 12.0 * self.n_layers * self.dim * seq_len
 
 
-# tiny/small run on CPU in tests; the rest are the familiar Llama shapes for GPUs.
+def llama3(dim: int, layers: int, heads: int, ffn: int, *, tied: bool = False) -> ModelConfig:
+    """A Llama 3 shape: 8 kv heads, the 128,256-token vocabulary, RoPE theta 500,000."""
+    return ModelConfig(dim, layers, heads, 8, ffn, vocab_size=128256, rope_theta=500000.0,
+                       tie_embeddings=tied)  # fmt: skip
+
+
+def llama2(dim: int, layers: int, heads: int, ffn: int) -> ModelConfig:
+    """A Llama 2 shape: multi-head attention, the 32,000-token vocabulary, RoPE theta 10,000."""
+    return ModelConfig(dim, layers, heads, heads, ffn, vocab_size=32000, rope_theta=10000.0)
+
+
+# tiny/small run on CPU in tests; the rest are the published shapes (Llama 3.2 1B and 3B, Llama 3
+# and 3.1 8B and 70B, Llama 2 7B and 13B). Llama 3.1/3.2's long-context RoPE frequency scaling
+# is not implemented: importing weights whose config asks for it is refused (hf.py).
 MODEL_CONFIGS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=128),
     "small": ModelConfig(dim=256, n_layers=8, n_heads=8, n_kv_heads=4, ffn_dim=688),
-    "1B": ModelConfig(
-        dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192, vocab_size=128256
-    ),
-    "7B": ModelConfig(
-        dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn_dim=11008, vocab_size=32000
-    ),
-    "8B": ModelConfig(
-        dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=128256
-    ),
-    "13B": ModelConfig(
-        dim=5120, n_layers=40, n_heads=40, n_kv_heads=40, ffn_dim=13824, vocab_size=32000
-    ),
-    "70B": ModelConfig(
-        dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_dim=28672, vocab_size=128256
-    ),
+    "1B": llama3(2048, 16, 32, 8192, tied=True),
+    "3B": llama3(3072, 28, 24, 8192, tied=True),
+    "8B": llama3(4096, 32, 32, 14336),
+    "70B": llama3(8192, 80, 64, 28672),
+    "7B": llama2(4096, 32, 32, 11008),
+    "13B": llama2(5120, 40, 40, 13824),
 }
 
 
@@ -170,7 +185,11 @@ class Transformer(nn.Module):
             {str(i): TransformerBlock(config) for i in range(config.n_layers)}
         )
         self.norm: RMSNorm | None = RMSNorm(config.dim, config.norm_eps)
-        self.output: nn.Linear | None = nn.Linear(config.dim, config.vocab_size, bias=False)
+        # Tied: the last stage projects with the token embedding itself (one parameter, so the
+        # embedding lives on the last stage too: TrainingConfig.check_mesh refuses pipeline > 1).
+        self.output: nn.Linear | None = (
+            None if config.tie_embeddings else nn.Linear(config.dim, config.vocab_size, bias=False)
+        )
 
     def forward(self, tokens_or_hidden: torch.Tensor) -> torch.Tensor:
         """Token ids (first stage) or hidden states (later stages) -> logits or hidden."""
@@ -182,8 +201,10 @@ class Transformer(nn.Module):
             h = layer(h, cos, sin)
         if self.norm is not None:
             h = self.norm(h)
-        if self.output is not None:
-            h = self.output(h)
+            if self.output is not None:
+                h = self.output(h)
+            elif self.tok_embeddings is not None:  # tied
+                h = tied_projection(h, self.tok_embeddings.weight)
         return h
 
     def keep_stage(self, stage: int, num_stages: int) -> Transformer:
@@ -192,7 +213,7 @@ class Transformer(nn.Module):
         for name in list(self.layers.keys()):
             if int(name) not in owned:
                 del self.layers[name]
-        if stage > 0:
+        if stage > 0 and not self.config.tie_embeddings:
             self.tok_embeddings = None
         if stage < num_stages - 1:
             self.norm = None
@@ -210,6 +231,18 @@ class Transformer(nn.Module):
                 nn.init.trunc_normal_(param, std=depth_std)
             else:
                 nn.init.trunc_normal_(param, std=0.02)
+
+
+def tied_projection(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Logits from the token embedding's weight; under tensor parallelism (a DTensor sharded by
+    vocabulary row) the replicated hidden states meet the shards and the logits are gathered."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    if isinstance(weight, DTensor):
+        spread = DTensor.from_local(h, weight.device_mesh, [Replicate()] * weight.device_mesh.ndim)
+        logits: torch.Tensor = F.linear(spread, weight).full_tensor()  # type: ignore[attr-defined]
+        return logits
+    return F.linear(h, weight)
 
 
 def stage_layers(n_layers: int, stage: int, num_stages: int) -> range:

@@ -10,6 +10,7 @@ FSDP2, in that order (as torchtitan does).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -26,13 +27,15 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
     RowwiseParallel,
+    loss_parallel,
     parallelize_module,
 )
+from torch.utils.checkpoint import checkpoint
 
 from topotrain_trainer.model import ModelConfig, Transformer
 
@@ -106,28 +109,41 @@ def attempt_store(attempt: int, *, rank: int, world_size: int, addr: str, port: 
         time.sleep(1.0)
 
 
-def init_distributed(attempt: int | None = None) -> torch.device:
+# How long a collective may wait for its peers before it fails (a dead or hung peer): the
+# trainer then exits 76 (EXIT_PEER_LOST, __main__.peer_lost) instead of waiting for NCCL's
+# watchdog default of 10 minutes.
+COLLECTIVE_TIMEOUT = timedelta(minutes=5)
+
+
+def init_distributed(attempt: int | None = None, timeout: timedelta = COLLECTIVE_TIMEOUT) -> torch.device:
     """Join the job's process group: cuda+nccl when GPUs exist, cpu+gloo otherwise. With
     `attempt` (TOPOTRAIN_ATTEMPT), through `attempt_store` from MASTER_ADDR, MASTER_PORT, RANK
     and WORLD_SIZE; without it, or under torchrun (whose agent serves the store on MASTER_PORT,
     scoped to its own run), torch's env:// rendezvous."""
+    extra: dict[str, Any] = {"timeout": timeout}
     if torch.cuda.is_available():
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
         backend = "cpu:gloo,cuda:nccl"  # gloo too: async checkpoint collectives run on CPU
+        # On a failed or timed-out collective NCCL's watchdog aborts the communicators only
+        # (2, CleanUpOnly), so the rank's next wait raises (DistBackendError, which peer_lost
+        # reads: exit 76) instead of the watchdog aborting the process (torch's default, 134).
+        # Not blocking wait: that would stall the CPU on every collective.
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+        extra["device_id"] = device  # binds the communicator to this GPU: eager NCCL init
     else:
         device = torch.device("cpu")
         backend = "gloo"
     if dist.is_initialized():
         return device
     if attempt is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend=backend, **extra)
         return device
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     store = attempt_store(attempt, rank=rank, world_size=world_size,
                           addr=os.environ["MASTER_ADDR"], port=int(os.environ["MASTER_PORT"]))
-    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size)
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, **extra)
     return device
 
 
@@ -159,9 +175,13 @@ def build_stage(
     seed: int,
     bf16: bool,
     activation_checkpointing: bool,
+    meta_init: bool | None = None,
+    compile_blocks: bool = False,
 ) -> Transformer:
-    """This rank's pipeline stage, parallelised and initialised from `seed`."""
-    on_meta = config.num_params() > FULL_INIT_MAX_PARAMS
+    """This rank's pipeline stage, parallelised and initialised from `seed`. `meta_init`: build
+    on the meta device and initialise each stage's shards in place (default: above
+    FULL_INIT_MAX_PARAMS parameters)."""
+    on_meta = config.num_params() > FULL_INIT_MAX_PARAMS if meta_init is None else meta_init
     if on_meta:
         with torch.device("meta"):
             model = Transformer(config)
@@ -172,16 +192,35 @@ def build_stage(
     model.keep_stage(mesh.pp_rank, mesh.pipeline)
     if not on_meta:
         model.to(mesh.device)
-    parallelize(model, mesh, bf16=bf16, activation_checkpointing=activation_checkpointing)
+    parallelize(model, mesh, bf16=bf16, activation_checkpointing=activation_checkpointing,
+                compile_blocks=compile_blocks)  # fmt: skip
     if on_meta:
         model.to_empty(device=mesh.device)
-        torch.manual_seed(seed + mesh.pp_rank)
+        seed_stage(mesh, seed)
         model.init_weights()
     return model
 
 
+def seed_stage(mesh: Mesh, seed: int) -> None:
+    """Seed this stage's initialisation: `seed + pp_rank`, the same on every rank of the stage.
+
+    On CUDA, DTensor's random ops draw from a tracker that, created lazily by the first of them,
+    broadcasts global rank 0's RNG state to every rank: every stage would draw stage 0's numbers,
+    and stages of equal layer counts would start from identical weights. Creating the tracker
+    here, seeded over the stage's own (data x tensor) ranks, keeps the stages apart. (On CPU
+    DTensor has no such tracker: each rank draws from its own generator.)
+    """
+    from torch.distributed.tensor import _random as dtensor_random
+
+    stage_seed = seed + mesh.pp_rank
+    torch.manual_seed(stage_seed)
+    if mesh.device.type == "cuda":
+        dtensor_random.manual_seed(stage_seed, mesh.device_mesh["dp", "tp"])
+
+
 def parallelize(
-    model: Transformer, mesh: Mesh, *, bf16: bool, activation_checkpointing: bool
+    model: Transformer, mesh: Mesh, *, bf16: bool, activation_checkpointing: bool,
+    compile_blocks: bool = False,
 ) -> None:
     # 1. Tensor parallel: Megatron-style column/row pairs, so each block needs one
     #    all-reduce in attention and one in the MLP.
@@ -190,6 +229,8 @@ def parallelize(
     # 2. Activation checkpointing per block (inside the FSDP unit, as torchtitan does).
     for block in model.layers.values():
         block.activation_checkpointing = activation_checkpointing  # type: ignore[assignment]
+        if compile_blocks:  # each block compiled on its own (one graph reused by every layer)
+            block.compile()
     # 3. FSDP2 over dp: each block is one all-gather/reduce-scatter unit. With a
     #    pipeline, keep parameters gathered across the microbatches of a step.
     policy = MixedPrecisionPolicy(
@@ -209,7 +250,9 @@ def tensor_parallel_plan(model: Transformer) -> dict[str, ParallelStyle]:
             input_layouts=Replicate(), output_layouts=Replicate()
         )
     if model.output is not None:
-        plan["output"] = ColwiseParallel(output_layouts=Replicate())
+        # Logits stay sharded by vocabulary (a DTensor): the loss is computed under loss_parallel
+        # (`loss_context`), so no rank holds, or casts to fp32, the whole vocabulary's logits.
+        plan["output"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
     for name in model.layers:
         for column in (
             "attention.wq",
@@ -224,9 +267,36 @@ def tensor_parallel_plan(model: Transformer) -> dict[str, ParallelStyle]:
     return plan
 
 
+# Tokens per chunk of the loss of low-precision logits (`cross_entropy`).
+LOSS_CHUNK = 4096
+
+
+def loss_context(mesh: Mesh) -> contextlib.AbstractContextManager[None]:
+    """What the forward and backward of the loss run under: loss_parallel with tensor
+    parallelism (vocabulary-sharded logits), nothing otherwise."""
+    return loss_parallel() if mesh.tensor > 1 else contextlib.nullcontext()
+
+
+def _chunk_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits.float(), targets, reduction="sum")
+
+
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean token loss of one microbatch (averaged again over microbatches and dp)."""
-    return nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
+    """Mean token loss of one microbatch (averaged again over microbatches and dp), in fp32.
+
+    Vocabulary-sharded logits (a DTensor, tensor parallelism) are reduced across the shards by
+    loss_parallel. Low-precision logits of more than LOSS_CHUNK tokens are cast to fp32 a chunk at
+    a time, each chunk recomputed in backward, so no fp32 copy of the whole logits is kept.
+    """
+    flat, flat_targets = logits.flatten(0, 1), targets.flatten(0, 1)
+    if isinstance(flat, DTensor) or flat.dtype == torch.float32 or flat.shape[0] <= LOSS_CHUNK:
+        return nn.functional.cross_entropy(flat.float(), flat_targets)
+    total = torch.zeros((), dtype=torch.float32, device=flat.device)
+    chunks = torch.split(flat, LOSS_CHUNK), torch.split(flat_targets, LOSS_CHUNK)
+    for chunk, chunk_targets in zip(*chunks, strict=True):
+        part: torch.Tensor = checkpoint(_chunk_loss, chunk, chunk_targets, use_reentrant=False)
+        total = total + part
+    return total / flat.shape[0]
 
 
 @torch.no_grad()

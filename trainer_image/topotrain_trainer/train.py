@@ -19,10 +19,10 @@ from torch.optim.lr_scheduler import LambdaLR
 from topotrain_sdk.job import Job as SdkJob
 from topotrain_sdk.session import Session
 from topotrain_trainer.checkpoint import AppState, Checkpointer, Heartbeat, Progress
-from topotrain_trainer.config import TrainingConfig
+from topotrain_trainer.config import ConfigError, TrainingConfig
 from topotrain_trainer.data import BatchLoader, TokenDataset, ensure_synthetic
 from topotrain_trainer.metrics import Metrics
-from topotrain_trainer.model import model_config
+from topotrain_trainer.model import ModelConfig, Transformer
 from topotrain_trainer.parallel import (
     Mesh,
     build_mesh,
@@ -31,7 +31,10 @@ from topotrain_trainer.parallel import (
     clip_grad_norm,
     cross_entropy,
     init_distributed,
+    loss_context,
 )
+from topotrain_trainer.shards import open_store
+from topotrain_trainer.weights import export, job_model, load_initial
 
 
 def process_start() -> datetime:
@@ -69,7 +72,8 @@ def train(env: TrainerEnv, config: TrainingConfig) -> None:
         due = progress.step % config.progress_every == 0 or progress.step == config.steps
         # The wait for a checkpoint copy is reported as checkpoint stall, not step time.
         seconds = time.perf_counter() - started - job.checkpoint_wait
-        job.metrics.step(progress.step, loss, grad_norm, seconds, tokens, due)
+        job.metrics.step(progress.step, loss, grad_norm, seconds, tokens, due,
+                         data_wait=job.loader.wait_seconds)  # fmt: skip
         if job.heartbeat is not None and first:
             # Time to first step is the recovery measure: report this attempt's first step at once.
             job.heartbeat.first_step(progress.step, PROCESS_START, job.load_seconds)
@@ -79,6 +83,8 @@ def train(env: TrainerEnv, config: TrainingConfig) -> None:
         stopped = job.at_boundary(progress.step)
         if stopped is not None:
             break
+    if stopped is None and job.config.export_weights:
+        job.export_weights()
     job.close()
     if stopped is not None:
         raise SystemExit(stopped)
@@ -107,13 +113,23 @@ class LrSchedule:
 def make_optimizer(
     model: torch.nn.Module, config: TrainingConfig
 ) -> tuple[torch.optim.AdamW, LambdaLR]:
-    # foreach=False: parameters live on different meshes (dp-only norms, dp x tp linears).
+    """AdamW: fused on CUDA (one kernel per parameter group), the per-parameter loop on CPU.
+
+    Parameters live on different meshes (dp-only norms, dp x tp linears); a fused or foreach
+    step takes tensors of one mesh, so on CUDA each mesh's parameters are a group of their own.
+    """
+    params = list(model.parameters())
+    cuda = bool(params) and params[0].device.type == "cuda"
+    groups: dict[object, list[torch.nn.Parameter]] = {}
+    for param in params:
+        groups.setdefault(getattr(param, "device_mesh", None), []).append(param)
     optimizer = torch.optim.AdamW(
-        model.parameters(),
+        [{"params": group} for group in groups.values()] if cuda else params,
         lr=config.lr,
         betas=(0.9, 0.95),
         weight_decay=config.weight_decay,
         foreach=False,
+        fused=cuda,
     )
     return optimizer, LambdaLR(optimizer, lr_lambda(config))
 
@@ -123,13 +139,15 @@ class Job:
 
     def __init__(self, env: TrainerEnv, config: TrainingConfig, mesh: Mesh) -> None:
         self.env, self.config, self.mesh = env, config, mesh
-        bf16 = config.precision == "bf16" or (
-            config.precision == "auto" and mesh.device.type == "cuda"
+        staging = (
+            Path(config.staging_dir or tempfile.gettempdir()) / f"topotrain-{env.job_name or 'job'}"
         )
-        self.model = build_stage(
-            model_config(config.model), mesh, seed=config.seed, bf16=bf16,
-            activation_checkpointing=config.activation_checkpointing,
-        )  # fmt: skip
+        staging.mkdir(parents=True, exist_ok=True)
+        datasets = [TokenDataset(open_store(uri), config.seq_len) for uri in dataset_uris(config, staging)]
+        if len({d.vocab_size for d in datasets}) > 1:
+            raise ConfigError(f"training.dataset={config.dataset!r}: the datasets' vocab_size differ "
+                              f"({[d.vocab_size for d in datasets]}): tokenize them with one tokenizer")  # fmt: skip
+        self.model_config, self.model = self.build_model(datasets[0].vocab_size)
         self.microbatches = config.microbatches(mesh.data)
         self.schedule = (
             build_schedule(self.model, mesh, config.schedule, self.microbatches)
@@ -142,13 +160,13 @@ class Job:
         self.app = AppState(self.model, self.optimizer, self.scheduler, self.progress)
         rank = dist.get_rank()
         self.metrics = Metrics(rank, int(os.environ.get("LOCAL_RANK", "0")), config.metrics_port)
-        staging = (
-            Path(config.staging_dir or tempfile.gettempdir()) / f"topotrain-{env.job_name or 'job'}"
-        )
-        staging.mkdir(parents=True, exist_ok=True)
+        self.metrics.throughput(self.model_config.flops_per_token(config.seq_len), dist.get_world_size(),
+                                mesh.device)  # fmt: skip
+        # Only the first stage (inputs) and the last (targets) read; a rank reads its samples only.
         self.loader = BatchLoader(
-            TokenDataset(dataset_path(config, staging), config.seq_len),
-            config.seed, config.global_batch, mesh.data, mesh.dp_rank,
+            datasets, config.seed, config.global_batch, mesh.data, mesh.dp_rank,
+            reads=mesh.is_first_stage or mesh.is_last_stage, pin=mesh.device.type == "cuda",
+            stages=config.mix_stages(),
         )  # fmt: skip
         self.checkpointer: Checkpointer | None = None
         self.checkpoint_wait = 0.0  # seconds the last step waited for a checkpoint copy
@@ -170,6 +188,20 @@ class Job:
         self.session = Session(described, emit=self.metrics.emit, checkpointer=self.checkpointer,
                                heartbeat=self.heartbeat, overlap=True, blocking=config.sync_checkpoint)
         self.control = self.session.control
+
+    def build_model(self, dataset_vocab: int) -> tuple[ModelConfig, Transformer]:
+        """This rank's stage. The vocabulary is the dataset's tokenizer's, or that of
+        training.initWeights, whose weights are loaded unless a checkpoint will be."""
+        config, mesh = self.config, self.mesh
+        bf16 = config.precision == "bf16" or (config.precision == "auto" and mesh.device.type == "cuda")
+        model_config, initial = job_model(config, dataset_vocab)
+        model = build_stage(
+            model_config, mesh, seed=config.seed, bf16=bf16,
+            activation_checkpointing=config.activation_checkpointing, compile_blocks=config.compile,
+        )  # fmt: skip
+        if initial is not None and self.env.resume_step is None:
+            load_initial(model, initial, model_config)
+        return model_config, model
 
     @classmethod
     def setup(cls, env: TrainerEnv, config: TrainingConfig) -> Job:
@@ -213,8 +245,21 @@ class Job:
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[float, float]:
         """One optimizer step over this rank's share of the global batch: (loss, grad norm)."""
-        inputs, targets = inputs.to(self.mesh.device), targets.to(self.mesh.device)
+        device = self.mesh.device
+        inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
         local = torch.zeros((), dtype=torch.float64, device=self.mesh.device)
+        with loss_context(self.mesh):
+            self.forward_backward(inputs, targets, local)
+        grad_norm = clip_grad_norm(self.model, self.config.max_grad_norm, self.mesh)
+        if self.checkpointer is not None:  # a save in flight must hold its copy before the update
+            self.checkpoint_wait = self.checkpointer.staged()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return self.global_loss(local), grad_norm
+
+    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor, local: torch.Tensor) -> None:
+        """Gradients of this rank's microbatches; `local` accumulates the last stage's loss."""
         if self.schedule is not None:
             losses: list[torch.Tensor] = []
             if self.mesh.is_first_stage:
@@ -224,7 +269,7 @@ class Job:
             else:
                 self.schedule.step()
             if losses:
-                local += torch.stack([loss.detach() for loss in losses]).mean().double()
+                local += torch.stack([plain(loss.detach()) for loss in losses]).mean().double()
         else:
             for index, (x, y) in enumerate(
                 zip(inputs.chunk(self.microbatches), targets.chunk(self.microbatches), strict=True)
@@ -232,14 +277,7 @@ class Job:
                 self.model.set_requires_gradient_sync(index == self.microbatches - 1)  # type: ignore[operator]
                 loss = cross_entropy(self.model(x), y) / self.microbatches
                 torch.autograd.backward(loss)
-                local += loss.detach().double()
-        grad_norm = clip_grad_norm(self.model, self.config.max_grad_norm, self.mesh)
-        if self.checkpointer is not None:  # a save in flight must hold its copy before the update
-            self.checkpoint_wait = self.checkpointer.staged()
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return self.global_loss(local), grad_norm
+                local += plain(loss.detach()).double()
 
     def global_loss(self, local: torch.Tensor) -> float:
         """Mean over the data ranks of the last stage's loss (gloo has no AVG: sum, then divide)."""
@@ -247,6 +285,15 @@ class Job:
         total = local if counted else torch.zeros_like(local)
         dist.all_reduce(total)
         return float(total.item()) / self.mesh.data
+
+    def export_weights(self) -> None:
+        """The trained weights as Hugging Face safetensors at training.exportWeights."""
+        began = time.perf_counter()
+        mesh = self.mesh
+        export(self.model, self.model_config, self.config.export_weights, stage=mesh.pp_rank,
+               stages=mesh.pipeline, writer=mesh.dp_rank == 0 and mesh.tp_rank == 0)  # fmt: skip
+        self.metrics.emit({"event": "weights_exported", "uri": self.config.export_weights,
+                           "step": self.progress.step, "seconds": round(time.perf_counter() - began, 3)})  # fmt: skip
 
     def close(self) -> None:
         if self.checkpointer is not None:
@@ -266,7 +313,14 @@ class Job:
         dist.destroy_process_group()
 
 
-def dataset_path(config: TrainingConfig, staging: Path) -> Path:
+def plain(tensor: torch.Tensor) -> torch.Tensor:
+    """A loss as a plain tensor (under loss_parallel it is a replicated DTensor)."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def dataset_uris(config: TrainingConfig, staging: Path) -> list[str]:
     if config.dataset == "synthetic":
-        return ensure_synthetic(staging, config.seed)
-    return Path(config.dataset)
+        return [str(ensure_synthetic(staging, config.seed))]
+    return config.datasets()

@@ -51,6 +51,10 @@ TRAINING_SCHEMA: dict[str, Any] = {
                         "(or microBatch) makes the operator apply the batch rule to data degrees."},
         "microBatch": {"type": "integer", "minimum": 1, "description": "Bundled trainer: samples per "
                        f"forward/backward on one rank (default {degrees.DEFAULT_MICRO_BATCH})."},
+        "model": {"type": "string", "enum": list(degrees.BUNDLED_MODELS), "description": "Bundled "
+                  "trainer: the model to train (default tiny): tiny and small for tests and CPUs; "
+                  "1B, 3B, 8B and 70B the Llama 3 shapes; 7B and 13B the Llama 2 shapes. Reserved "
+                  "for the bundled trainer (a trainer of your own names its model another way)."},
         "schedule": {"type": "string", "description": "Bundled trainer: pipeline schedule, 1f1b "
                      f"or gpipe (default {degrees.DEFAULT_SCHEDULE})."},
         "metricsPort": {"type": "integer", "minimum": 0, "maximum": 65535, "description":

@@ -119,6 +119,10 @@ def validate_manifest(manifest: dict[str, Any]) -> list[str]:
             )
             problems.append(f"{path}: {err['msg']}")
         return problems
+    model = parsed.training.get("model")
+    if model is not None and model not in degrees.BUNDLED_MODELS:  # the CRD's enum
+        problems.append(f"spec.training.model: Unsupported value {model!r}: supported values: "
+                        f"{', '.join(degrees.BUNDLED_MODELS)}")  # fmt: skip
     # Checked here and in CEL, not in the model: a spec stored before the rule still parses,
     # so the operator can report it in a condition (spec_problems) instead of choking.
     return [*problems, *spec_problems(parsed)]
