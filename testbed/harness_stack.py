@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import urllib3
 import yaml
 from kubernetes.client.exceptions import ApiException
-from topotrain.contract import HOLD_RELEASE
+from topotrain.contract import HOLD_RELEASE, hold_release_of
 
 from testbed.binaries import REPO_ROOT, bin_dir, code_path
 from testbed.client import api_client, core_v1
@@ -382,11 +382,13 @@ class Stack:
         )
         self.kubectl("-n", self.namespace, "apply", "-f", str(budget))
 
-    def release_hold(self, job: str) -> None:
+    def release_hold(self, job: str, attempt: int | None = None) -> None:
         """Let a gang held by `training.holdAtStep` (a test aid) go on: annotates the job's pods
-        that exist now (the harness rewrites their control files at once, as a kubelet does)."""
+        that exist now (the harness rewrites their control files at once, as a kubelet does).
+        `attempt`: only that attempt's gang; a later attempt of the same pods holds again."""
+        value = "released" if attempt is None else hold_release_of(attempt)
         self.kubectl("-n", self.namespace, "annotate", "pods", "-l", f"topotrain.io/job={job}",
-                     f"{HOLD_RELEASE}=released", "--overwrite")  # fmt: skip
+                     f"{HOLD_RELEASE}={value}", "--overwrite")  # fmt: skip
 
     def pods(self, job: str) -> list[dict[str, Any]]:
         raw = _retrying(lambda: self.core.list_namespaced_pod(

@@ -30,17 +30,20 @@ from topotrain_sdk.session import Session
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.stateful import Stateful
 
+    from topotrain_sdk.folder import FolderSteps
     from topotrain_sdk.state import TrainState
 
 __all__ = [
     "EXIT_BAD_CONFIG", "EXIT_DONE", "EXIT_PEER_LOST", "EXIT_STOPPED", "Decision", "Job", "Session",
-    "TrainState", "checkpoint_requested", "device_mesh", "download_folder", "finish", "job",
+    "FolderSteps", "TrainState", "checkpoint_requested", "device_mesh", "download_folder", "finish",
+    "folder_steps", "job",
     "load_latest", "report_progress", "save", "session", "step_done", "stop_requested",
     "upload_folder", "wait",
 ]  # fmt: skip
 __version__ = "0.1.0"
 
 _session: Session | None = None
+_folder_steps: FolderSteps | None = None
 
 
 def job() -> Job:
@@ -110,7 +113,22 @@ def download_folder(step: int, dest: Path | str) -> Path:
     return download(session(), step, dest)
 
 
+def folder_steps() -> FolderSteps:
+    """The step boundaries of a trainer that saves its own checkpoint folders (Hugging Face
+    `Trainer`, torchtitan): `resume()`, `after_step(step)`, `saved(step, folder)`."""
+    global _folder_steps
+    if _folder_steps is None:
+        from topotrain_sdk.folder import FolderSteps
+
+        _folder_steps = FolderSteps(session())
+    return _folder_steps
+
+
 def __getattr__(name: str) -> Any:
+    if name == "FolderSteps":
+        from topotrain_sdk.folder import FolderSteps
+
+        return FolderSteps
     if name == "TrainState":  # torch, imported only when asked for
         from topotrain_sdk.state import TrainState
 

@@ -47,8 +47,22 @@ CHECKPOINT_REQUEST = "topotrain.io/checkpoint-request"
 # requests"); the operator clears the annotation when the change is called off.
 PLANNED_STOP_MARK = "+stop"
 # A test aid (the bundled trainer's training.holdAtStep, docs/trainer.md): any value releases
-# a trainer held at that step. Tests annotate the pods; the operator never sets it.
+# a trainer held at that step; a value `hold_release_of(attempt)` only that attempt's (a later
+# attempt of the same pods holds again). Tests annotate the pods; the operator never sets it.
 HOLD_RELEASE = "topotrain.io/hold-release"
+_RELEASE_OF = "attempt-"
+
+
+def hold_release_of(attempt: int) -> str:
+    """The HOLD_RELEASE value that releases only attempt `attempt`."""
+    return f"{_RELEASE_OF}{attempt}"
+
+
+def hold_released(value: str, attempt: int) -> bool:
+    """Whether a HOLD_RELEASE value releases a hold of attempt `attempt`."""
+    if not value.startswith(_RELEASE_OF):
+        return bool(value)
+    return value == hold_release_of(attempt)
 
 # In-place restart: the attempt a running pod must train now (the supervisor restarts its ranks
 # when it goes up), with that attempt's resume step and rank-0 address. The operator sets them.

@@ -20,7 +20,8 @@
   and trains on only when the operator clears the request (the change was called
   off) or after `training.plannedStopSeconds` without the stop.
 - **A hold's release** (a test aid, `training.holdAtStep`): any value of the pod
-  annotation `topotrain.io/hold-release` lets a gang held at that step go on.
+  annotation `topotrain.io/hold-release` lets a gang held at that step go on; the value
+  `attempt-N` (`contract.hold_release_of`) only a gang of attempt N.
 
 One all-reduce (MAX) of the flags per step makes the ranks agree on the step:
 a signal reaches different pods at different moments, and only rank 0 reads
@@ -42,6 +43,7 @@ from topotrain_sdk.contract import (
     EXIT_STOPPED,
     HOLD_RELEASE,
     control_path,
+    hold_released,
     planned_stop_attempt,
     read_control,
 )
@@ -99,7 +101,8 @@ class Control:
         control = read_control(self.path)
         value = control.get(CHECKPOINT_REQUEST, "")
         over = bool(self._pausing) and (value != self._pausing or time.monotonic() >= self._pause_deadline)
-        return (value if value and value != self.served else ""), bool(control.get(HOLD_RELEASE)), over
+        released = hold_released(control.get(HOLD_RELEASE, ""), self.attempt)
+        return (value if value and value != self.served else ""), released, over
 
     def poll(self, held: bool = False) -> Decision:
         """What every rank does at this boundary; `held`: also whether a hold is released."""

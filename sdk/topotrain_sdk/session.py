@@ -201,7 +201,7 @@ class Session:
             committed = False
             if checkpointer is not None:
                 committed = checkpointer.save_and_commit(step, state, self.control.served)
-            self._served(step, decision)
+            self.served(step, decision)
             code = exit_code(self.control.terminated, committed)
             self.emit({"event": "stopped", "step": step, "committed": committed,
                        "reason": "SIGTERM", "exit_code": code})  # fmt: skip
@@ -210,16 +210,23 @@ class Session:
         interval = self.job.checkpoint_interval
         if checkpointer is not None and ((not held and interval and step % interval == 0) or decision.checkpoint):
             self.save(step, state)
-        self._served(step, decision)
+        self.served(step, decision)
         return None
 
-    def _served(self, step: int, decision: Decision) -> None:
+    def served(self, step: int, decision: Decision) -> None:
+        """After the save at `step` that served `decision`'s checkpoint request: the event, and
+        the heartbeat names the request at once (rank 0)."""
         if not decision.checkpoint or self.store is None:
             return
         self.emit({"event": "checkpoint_requested", "step": step, "request": decision.request})
         if self._heartbeat is not None and decision.request:
             self._heartbeat.request = ServedRequest(decision.request, step)
             self._heartbeat.beat(step)
+
+    def waiting(self, step: int) -> bool:
+        """Whether the gang waits at this boundary: held (a test aid) or paused after serving a
+        planned stop's checkpoint request."""
+        return self.control.paused or self.holding(step)
 
     def holding(self, step: int) -> bool:
         """spec.training.holdAtStep (a test aid): this attempt holds at or past that step."""
@@ -232,7 +239,7 @@ class Session:
         serving checkpoint requests and SIGTERM meanwhile; the exit code of a stop, else None."""
         planned = self.control.paused
         self.emit({"event": "paused" if planned else "held", "step": step})
-        while self.control.paused or self.holding(step):
+        while self.waiting(step):
             time.sleep(HOLD_POLL_SECONDS)
             code = self.boundary(step, state, held=True)
             if code is not None:
