@@ -241,24 +241,30 @@ class CheckpointStore:
         if doc is None:
             return None
         try:
+            contract = doc.get("contract")
             return Progress(int(doc["step"]), parse_time(str(doc["time"])), int(doc["attempt"]),
                             AttemptStart.from_json(doc.get("start")),
-                            ServedRequest.from_json(doc.get("checkpointRequest")))
+                            ServedRequest.from_json(doc.get("checkpointRequest")),
+                            None if contract is None else int(contract))
         except (KeyError, TypeError, ValueError) as err:
             raise CheckpointError(f"{self.uri}/{PROGRESS} is malformed: {err}") from err
 
     def write_progress(
         self, step: int, attempt: int, time: datetime | None = None,
         start: AttemptStart | None = None, request: ServedRequest | None = None,
+        contract: int | None = None,
     ) -> Progress:
+        """`contract`: the contract version the writing SDK speaks (the SDK's heartbeat sets it)."""
         moment = time or utc_now()
         doc: dict[str, object] = {"step": step, "time": format_time(moment), "attempt": attempt}
+        if contract is not None:
+            doc["contract"] = contract
         if start is not None:
             doc["start"] = start.to_json()
         if request is not None:
             doc["checkpointRequest"] = request.to_json()
         self._write_json(self._key(PROGRESS), doc)
-        return Progress(step, moment, attempt, start, request)
+        return Progress(step, moment, attempt, start, request, contract)
 
     # --- a supervisor's failure report --------------------------------------
 

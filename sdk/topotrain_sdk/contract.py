@@ -30,6 +30,11 @@ JOB_NAMESPACE = "TOPOTRAIN_JOB_NAMESPACE"
 CHECKPOINT_INTERVAL = "TOPOTRAIN_CHECKPOINT_INTERVAL"
 CHECKPOINT_KEEP = "TOPOTRAIN_CHECKPOINT_KEEP"
 TRAINING_CONFIG = "TOPOTRAIN_TRAINING_CONFIG"  # JSON of spec.training
+# The version of this contract the operator speaks (absent: an operator older than versions,
+# read as 0). The trainer's SDK reports its own in progress.json ("contract"), so each side can
+# tell an older other side: the operator shows it in status.trainer, the SDK logs a mismatch.
+CONTRACT_VERSION_ENV = "TOPOTRAIN_CONTRACT_VERSION"
+CONTRACT_VERSION = 1
 S3_ENDPOINT = "AWS_ENDPOINT_URL_S3"
 ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
 SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
@@ -108,7 +113,7 @@ RESERVED = frozenset(
     {
         MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, NPROC_PER_NODE, WORLD_SIZE,
         TP, PP, DP, RANK_ORDER, ATTEMPT, CHECKPOINT_URI, RESUME_STEP, JOB_NAME,
-        JOB_NAMESPACE, CHECKPOINT_INTERVAL, CHECKPOINT_KEEP, TRAINING_CONFIG,
+        JOB_NAMESPACE, CHECKPOINT_INTERVAL, CHECKPOINT_KEEP, TRAINING_CONFIG, CONTRACT_VERSION_ENV,
     }
 )
 
@@ -138,6 +143,7 @@ class TrainerEnv:
     checkpoint_interval: int = 0
     checkpoint_keep: int = 3
     training_config: str = "{}"
+    contract_version: int = CONTRACT_VERSION  # the operator's; 0 parsed from an older operator
 
     @property
     def world_size(self) -> int:
@@ -176,6 +182,7 @@ class TrainerEnv:
             CHECKPOINT_INTERVAL: str(self.checkpoint_interval),
             CHECKPOINT_KEEP: str(self.checkpoint_keep),
             TRAINING_CONFIG: self.training_config,
+            CONTRACT_VERSION_ENV: str(self.contract_version),
         }
 
     @classmethod
@@ -221,6 +228,7 @@ class TrainerEnv:
             checkpoint_interval=integer(CHECKPOINT_INTERVAL, 0),
             checkpoint_keep=integer(CHECKPOINT_KEEP, 3),
             training_config=env.get(TRAINING_CONFIG, "{}") or "{}",
+            contract_version=integer(CONTRACT_VERSION_ENV, 0),
         )
         parsed.validate()
         return parsed

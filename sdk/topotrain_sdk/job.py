@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from topotrain_sdk.contract import (
+    CONTRACT_VERSION,
+    CONTRACT_VERSION_ENV,
     JOB_NAME,
     RANK_ORDERS,
     ContractError,
@@ -92,6 +94,12 @@ class Job:
         return self.env.job_name
 
     @property
+    def contract_version(self) -> int:
+        """The contract version the operator speaks (TOPOTRAIN_CONTRACT_VERSION; 0: an operator
+        older than versions). This SDK speaks `contract.CONTRACT_VERSION`."""
+        return self.env.contract_version
+
+    @property
     def namespace(self) -> str:
         return self.env.job_namespace
 
@@ -117,6 +125,7 @@ def job(environ: Mapping[str, str] | None = None) -> Job:
         local.update(NNODES=str(max(1, world // max(1, nproc))), NPROC_PER_NODE=str(nproc),
                      NODE_RANK=str(_int(environ, "GROUP_RANK", 0)))
         local.setdefault("TOPOTRAIN_DP", str(world))
+        local.setdefault(CONTRACT_VERSION_ENV, str(CONTRACT_VERSION))  # no operator to differ
         env = TrainerEnv.from_env(local)
     local_rank = _int(environ, "LOCAL_RANK", 0)
     rank = _int(environ, "RANK", env.node_rank * env.nproc_per_node + local_rank)

@@ -11,6 +11,7 @@ import threading
 from datetime import UTC, datetime
 
 from topotrain_sdk.checkpoints import AttemptStart, CheckpointStore, ServedRequest
+from topotrain_sdk.contract import CONTRACT_VERSION
 
 log = logging.getLogger("topotrain_sdk.progress")
 
@@ -36,7 +37,8 @@ class Heartbeat:
 
         def write() -> None:
             try:
-                self.store.write_progress(step, self.attempt, start=start, request=request)
+                self.store.write_progress(step, self.attempt, start=start, request=request,
+                                          contract=CONTRACT_VERSION)
             except Exception as err:
                 log.warning("progress heartbeat at step %d failed: %s", step, err)
 

@@ -90,6 +90,7 @@ class Progress:
     attempt: int
     start: AttemptStart | None = None
     checkpoint_request: ServedRequest | None = None  # the last checkpoint request the trainer served
+    contract: int | None = None  # the contract version the trainer's SDK speaks (None: older SDK)
 
 
 @dataclass(frozen=True)

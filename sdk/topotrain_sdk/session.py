@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from topotrain_sdk.checkpoints import CheckpointStore, ServedRequest
+from topotrain_sdk.contract import CONTRACT_VERSION
 from topotrain_sdk.control import Control, Decision, exit_code
 from topotrain_sdk.job import Job
 from topotrain_sdk.progress import Heartbeat
@@ -87,6 +88,17 @@ class Session:
         self.hold_at = int(job.training.get("holdAtStep", 0) or 0)
         self.hold_attempts = int(job.training.get("holdAttempts", 1) or 0)
         self.released = False
+        self._check_contract()
+
+    def _check_contract(self) -> None:
+        """Log (global rank 0) an operator that speaks another contract version than this SDK."""
+        theirs = self.job.contract_version
+        if not self.job.in_training_job or theirs == CONTRACT_VERSION:
+            return
+        older = "this SDK" if theirs > CONTRACT_VERSION else "the operator"
+        self.emit({"event": "contract_mismatch", "operator": theirs, "sdk": CONTRACT_VERSION,
+                   "message": f"the operator speaks contract version {theirs}, topotrain-sdk "
+                              f"{CONTRACT_VERSION}: {older} is older; upgrade it to match"})  # fmt: skip
 
     def emit(self, event: dict[str, Any]) -> None:
         """A JSON log line, from global rank 0 only (or the trainer's own `emit`)."""

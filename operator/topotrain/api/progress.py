@@ -1,7 +1,10 @@
 """status.progress: the trainer's last heartbeat, and the rate, percent complete and ETA the
-operator derives from it (core/progress_rate.py)."""
+operator derives from it (core/progress_rate.py); status.trainer: the cooperation seen from the
+trainer (core/cooperation.py)."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -42,3 +45,18 @@ class ProgressStatus(BaseModel):
     window_time: str | None = Field(
         None, alias="windowTime", description="When the operator saw windowStep.",
     )
+
+
+class TrainerStatus(BaseModel):
+    """The cooperation the operator has seen from the job's trainer (docs/byo-trainer.md: which
+    topotrain feature needs which); the TrainerCooperation condition says what is missing."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+    heartbeat: bool = Field(False, description="A heartbeat (progress.json) was seen: hang detection works.")
+    commits: bool = Field(False, description="A committed checkpoint was seen: restarts resume from it.")
+    checkpoint_requests: Literal["Honoured", "TimedOut"] | None = Field(
+        None, alias="checkpointRequests", description="The last planned change's checkpoint request: "
+        "Honoured (committed in time, nothing lost) or TimedOut (resumed from an older commit).")
+    contract_version: int | None = Field(None, alias="contractVersion", description="The contract "
+        "version the trainer's SDK reports in its heartbeat (none: no heartbeat yet, or an older SDK).")

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from topotrain.api.progress import ProgressStatus as ProgressStatus  # re-exported
+from topotrain.api.progress import TrainerStatus as TrainerStatus  # re-exported
 
 Phase = Literal["Pending", "Starting", "Running", "Recovering", "Suspended", "Succeeded", "Failed"]
 PHASES: tuple[Phase, ...] = ("Pending", "Starting", "Running", "Recovering", "Suspended", "Succeeded", "Failed")
@@ -27,6 +28,7 @@ class ConditionType:
     PODS_CREATED = "PodsCreated"  # the API server accepted every pod of the current attempt
     SUSPENDED = "Suspended"  # spec.suspend: the gang is stopped (or stopping) and the job kept
     ADMITTED = "Admitted"  # Kueue admitted the job's Workload (only for a job sent to a Kueue queue)
+    TRAINER_COOPERATION = "TrainerCooperation"  # what the trainer was seen doing of the contract
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
 
@@ -95,6 +97,11 @@ class Reason:
     # A node of Kueue's topology assignment is lost and the gang does not fit on the rest: the
     # operator evicts the Workload (reason NodeFailures) so Kueue assigns the job anew
     HANDED_BACK = "HandedBackToKueue"
+    # TrainerCooperation (core/cooperation.py): heartbeat, commits, requests, contract version
+    TRAINER_COOPERATES = "TrainerCooperates"  # everything the operator counts on was seen
+    TRAINER_PARTIAL = "TrainerCooperationPartial"  # something is missing: the message says what
+    TRAINER_NOT_SEEN = "TrainerNotSeenYet"  # the gang has not run yet
+    NO_CHECKPOINT_STORE = "NoCheckpointStore"  # no spec.checkpoint: no heartbeat, no commit
 
 
 def now_iso() -> str:
@@ -329,6 +336,7 @@ class TrainingJobStatus(_Model):
     last_failure: FailureRecord | None = Field(None, alias="lastFailure", description="The last failure acted on.")
     checkpoint: CheckpointStatus | None = Field(None, description="Latest committed checkpoint.")
     progress: ProgressStatus | None = Field(None, description="Latest trainer heartbeat.")
+    trainer: TrainerStatus | None = Field(None, description="The cooperation seen from the trainer.")
     recovery: RecoveryStatus | None = Field(None, description="The last recovery.")
     checkpoint_request: CheckpointRequestStatus | None = Field(
         None, alias="checkpointRequest",

@@ -121,6 +121,7 @@ class Observer:
             progress_time=progress.time if progress else None,
             progress_attempt=progress.attempt if progress else None,
             progress_start=progress.start if progress else None,
+            progress_contract=progress.contract if progress else None,
             request=request, request_step=request_step, worker_failure=failure,
             skipped_step=skipped.step if skipped else None,
             skipped_attempt=skipped.attempt if skipped else None,

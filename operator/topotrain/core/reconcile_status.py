@@ -27,7 +27,7 @@ from topotrain.api.status import (
 )
 from topotrain.api.status import ConditionType as C
 from topotrain.checkpoints import AttemptStart, PrefixOwner, WorkerFailure
-from topotrain.core import elastic
+from topotrain.core import cooperation, elastic
 from topotrain.core.planning import PlanOutcome
 from topotrain.core.progress_rate import advance
 from topotrain.core.status_edits import NORMAL, WARNING, iso, parse
@@ -57,6 +57,7 @@ class CheckpointView:
     progress_time: datetime | None = None
     progress_attempt: int | None = None  # the attempt whose trainer wrote the heartbeat
     progress_start: AttemptStart | None = None  # how that attempt started (the bundled trainer)
+    progress_contract: int | None = None  # the contract version the heartbeat's SDK speaks
     # The checkpoint request the current trainer served and committed ("" for none, or a trainer
     # that does not serve requests), and the step that holds it: the newest commit when that names
     # it, else the step the heartbeat says served it. A gang replaced meanwhile may have saved a
@@ -79,6 +80,8 @@ class StatusBuilder(LifecycleStatus):
 
     def observe_checkpoint(self, view: CheckpointView | None, total: int | None = None) -> None:
         """What the store said; `total`: the run's length in steps, for progress (progress_rate)."""
+        if view is None or view.reachable:
+            self.observe_cooperation(view)
         if view is None:
             return
         if not view.reachable:
@@ -119,6 +122,18 @@ class StatusBuilder(LifecycleStatus):
             self._event(NORMAL, Reason.TEMPLATE_RESOLVED, f"spec resolved over TrainingJobTemplate "
                         f"{record.name} generation {record.generation}")
         self.status.job_template = record
+
+    def observe_cooperation(self, view: CheckpointView | None) -> None:
+        """status.trainer and the TrainerCooperation condition (core/cooperation.py)."""
+        status = self.status
+        request = status.checkpoint_request
+        now = cooperation.Seen() if view is None else cooperation.Seen(
+            heartbeat=view.progress_step is not None, contract=view.progress_contract,
+            commit=view.step is not None, request_state=request.state if request else None)
+        status.trainer = cooperation.seen(status.trainer, now)
+        ran = status.progress is not None or status.phase in ("Running", "Recovering", "Succeeded")
+        said = cooperation.verdict(status.trainer, store=view is not None, ran=ran)
+        self.set(C.TRAINER_COOPERATION, said.status, said.reason, said.message)
 
     def took_over(self, record: PrefixOwner) -> None:
         """status.resumedFrom, and one Event, once the job took over another run's checkpoints."""

@@ -35,7 +35,7 @@ class StatusEdits:
 
     parse = staticmethod(parse)
 
-    def set(self, type_: str, value: bool, reason: str, message: str = "") -> bool:
+    def set(self, type_: str, value: bool | str, reason: str, message: str = "") -> bool:
         """Set a condition; True when its status flipped (or it is new)."""
         before = self.status.condition(type_)
         self.status.conditions = set_condition(
