@@ -24,7 +24,7 @@ from topotrain_sdk.contract import EXIT_BAD_CONFIG, EXIT_DONE, EXIT_PEER_LOST, E
 from topotrain_sdk.control import Decision
 from topotrain_sdk.job import Job
 from topotrain_sdk.job import job as _describe
-from topotrain_sdk.mesh import device_mesh
+from topotrain_sdk.mesh import device_mesh, world_mesh
 from topotrain_sdk.session import Session
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ __all__ = [
     "FolderSteps", "TrainState", "checkpoint_requested", "device_mesh", "download_folder", "finish",
     "folder_steps", "job",
     "load_latest", "report_progress", "save", "session", "step_done", "stop_requested",
-    "upload_folder", "wait",
+    "upload_folder", "wait", "world_mesh",
 ]  # fmt: skip
 __version__ = "0.1.0"
 

@@ -8,7 +8,7 @@ import pytest
 
 from topotrain_sdk.contract import ContractError, rank_of
 from topotrain_sdk.job import job
-from topotrain_sdk.mesh import mesh_layout
+from topotrain_sdk.mesh import mesh_layout, mesh_ranks
 
 POD = {"TOPOTRAIN_JOB_NAME": "llm", "TOPOTRAIN_JOB_NAMESPACE": "team", "NNODES": "4",
        "NPROC_PER_NODE": "2", "NODE_RANK": "1", "TOPOTRAIN_TP": "2", "TOPOTRAIN_PP": "2",
@@ -67,3 +67,20 @@ def test_the_mesh_puts_every_rank_where_the_operator_placed_it(
 def test_mesh_names_must_be_the_three_dimensions_each_once(names: dict[str, str]) -> None:
     with pytest.raises(ValueError, match="names="):
         mesh_layout(job({}), names)
+
+
+@pytest.mark.parametrize("order", ["tp-pp-dp", "tp-dp-pp"])
+def test_a_framework_that_lays_out_its_own_mesh_gets_the_operators_groups(order: str) -> None:
+    """torchtitan unflattens its world pp-outermost: over `mesh_ranks` it gets, at each of its
+    (pp, dp, tp) positions, the rank the operator placed there, in either rank order."""
+    tp, pp, dp = 2, 3, 2
+    env = {"TOPOTRAIN_JOB_NAME": "j", "NNODES": "6", "NPROC_PER_NODE": "2", "TOPOTRAIN_TP": "2",
+           "TOPOTRAIN_PP": "3", "TOPOTRAIN_DP": "2", "TOPOTRAIN_RANK_ORDER": order}  # fmt: skip
+    ranks = mesh_ranks(job(env), ("pipeline", "data", "tensor"))
+    assert sorted(ranks) == list(range(tp * pp * dp))
+    positions = itertools.product(range(pp), range(dp), range(tp))
+    assert [rank_of(t, p, d, tp, pp, dp, order) for p, d, t in positions] == ranks
+    if order == "tp-dp-pp":  # torchtitan's own layout: nothing to reorder
+        assert ranks == list(range(tp * pp * dp))
+    with pytest.raises(ValueError, match="layout="):
+        mesh_ranks(job(env), ("pipeline", "tensor"))
