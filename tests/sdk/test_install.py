@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from topotrain_sdk.contract import CONTRACT_VERSION
+
 ROOT = Path(__file__).resolve().parents[2]
 # boto3 and what it imports: taken from this interpreter's site-packages, nothing else of it.
 BOTO3 = ("boto3", "botocore", "s3transfer", "jmespath", "dateutil", "six.py", "urllib3")
@@ -22,12 +24,14 @@ CHECK = f"""
 import importlib.util, json, sys
 import topotrain_sdk as tt
 import topotrain_sdk.launch, topotrain_sdk.session, topotrain_sdk.folder, topotrain_sdk.checkpoints
+import topotrain_sdk.mesh
 from topotrain_sdk.checkpoints import CheckpointStore
 present = [m for m in {ABSENT!r} if importlib.util.find_spec(m) is not None]
 assert not present, present
 assert "torch" not in sys.modules
 job = tt.job()
 print(json.dumps({{"file": tt.__file__, "rank": job.rank, "world": job.world_size,
+                  "contract": job.contract_version,
                   "exits": [tt.EXIT_DONE, tt.EXIT_STOPPED, tt.EXIT_PEER_LOST, tt.EXIT_BAD_CONFIG],
                   "store": CheckpointStore("s3://b/p", "http://127.0.0.1:1").bucket}}))
 """
@@ -59,6 +63,7 @@ def test_the_sdk_installs_and_runs_alone_in_a_fresh_venv(tmp_path: Path) -> None
                              text=True, timeout=120, check=False)  # fmt: skip
     assert checked.returncode == 0, checked.stderr
     assert str(target_site) in checked.stdout and '"world": 1' in checked.stdout
+    assert f'"contract": {CONTRACT_VERSION}' in checked.stdout
     assert '"exits": [0, 75, 76, 78]' in checked.stdout and '"store": "b"' in checked.stdout
     # The console entry point: two workers with torchrun's ranks, outside any TrainingJob.
     launched = subprocess.run(
