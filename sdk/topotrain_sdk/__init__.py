@@ -34,11 +34,10 @@ if TYPE_CHECKING:
     from topotrain_sdk.state import TrainState
 
 __all__ = [
-    "EXIT_BAD_CONFIG", "EXIT_DONE", "EXIT_PEER_LOST", "EXIT_STOPPED", "Decision", "Job", "Session",
-    "FolderSteps", "TrainState", "checkpoint_requested", "device_mesh", "download_folder", "finish",
-    "folder_steps", "job",
-    "load_latest", "report_progress", "save", "session", "step_done", "stop_requested",
-    "upload_folder", "wait", "world_mesh",
+    "EXIT_BAD_CONFIG", "EXIT_DONE", "EXIT_PEER_LOST", "EXIT_STOPPED", "Decision", "FolderSteps", "Job",
+    "Session", "TrainState", "checkpoint_requested", "device_mesh", "download_folder", "finish",
+    "folder_steps", "job", "load_latest", "report_progress", "save", "session", "step_done",
+    "stop_requested", "upload_folder", "wait", "world_mesh",
 ]  # fmt: skip
 __version__ = "0.1.0"
 

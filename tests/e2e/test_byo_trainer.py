@@ -43,7 +43,17 @@ from testbed import faults
 from testbed.harness_stack import Stack, checkpoint_store, step_losses
 from testbed.procs import free_port, wait_until
 from testbed.restart_probes import first_step_after, live_uids, pod_pid
-from tests.e2e.jobs import HOLD, INTERVAL, JOB_TIMEOUT, LOSS_ATOL, STEPS, attempts, held, of_kind, phase_is
+from tests.e2e.jobs import (
+    HOLD,
+    INTERVAL,
+    JOB_TIMEOUT,
+    LOSS_ATOL,
+    STEPS,
+    attempts,
+    held,
+    of_kind,
+    phase_is,
+)
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 RECIPE = {"ddp": RECIPES / "ddp_train.py", "hf": RECIPES / "hf_trainer.py"}
