@@ -54,6 +54,7 @@ from tests.e2e.jobs import (
     of_kind,
     phase_is,
 )
+from topotrain_sdk.contract import CONTRACT_VERSION
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 RECIPE = {"ddp": RECIPES / "ddp_train.py", "hf": RECIPES / "hf_trainer.py"}
@@ -170,3 +171,8 @@ def test_a_recipe_recovers_from_a_kill_a_hang_and_a_resize_with_uninterrupted_lo
     for e in of_kind(events, "step"):  # every step trained, in every attempt, at either degree
         assert math.isclose(float(e["loss"]), uninterrupted[recipe][int(e["step"])], abs_tol=LOSS_ATOL), e
     assert [c.step for c in checkpoint_store(stack, name).list_committed()][-1] == STEPS
+    # What the operator shows of the trainer's cooperation, and the contract version it reported.
+    assert done["status"]["trainer"] == {"heartbeat": True, "commits": True, "checkpointRequests": "Honoured",
+                                         "contractVersion": CONTRACT_VERSION}  # fmt: skip
+    cooperation = next(c for c in done["status"]["conditions"] if c["type"] == "TrainerCooperation")
+    assert cooperation["status"] == "True", cooperation
