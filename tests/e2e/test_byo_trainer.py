@@ -40,6 +40,7 @@ from typing import Any
 import pytest
 
 from testbed import faults
+from testbed.harness_proc import events_by_attempt
 from testbed.harness_stack import Stack, checkpoint_store, step_losses
 from testbed.procs import free_port, wait_until
 from testbed.restart_probes import first_step_after, live_uids, pod_pid
@@ -49,8 +50,6 @@ from tests.e2e.jobs import (
     JOB_TIMEOUT,
     LOSS_ATOL,
     STEPS,
-    attempts,
-    held,
     of_kind,
     phase_is,
 )
@@ -100,16 +99,29 @@ def spec(recipe: str) -> dict[str, Any]:
     }
 
 
+def by_attempt(stack: Stack, name: str) -> dict[int, list[dict[str, Any]]]:
+    """The trainer's log events per attempt; a pod kept by an in-place restart logs several
+    attempts in its one file (its launcher's `workers_started` line starts each)."""
+    assert stack.harness is not None
+    return events_by_attempt(stack.harness.job_logs(stack.namespace, name))
+
+
+def held(stack: Stack, name: str, attempt: int) -> bool:
+    """Attempt `attempt` holds with a commit of its own behind it."""
+    events = by_attempt(stack, name).get(attempt, [])
+    return bool(of_kind(events, "held")) and bool(of_kind(events, "checkpoint_committed"))
+
+
 def holds(stack: Stack, name: str, attempt: int) -> bool:
     """Attempt `attempt` holds (`held`: with a commit of its own behind it)."""
-    return bool(of_kind(attempts(stack, name).get(attempt, []), "held"))
+    return bool(of_kind(by_attempt(stack, name).get(attempt, []), "held"))
 
 
 def restored(stack: Stack, name: str, attempt: int) -> int:
     """The step attempt `attempt` restored (waits for its `restored` line)."""
-    wait_until(lambda: bool(of_kind(attempts(stack, name).get(attempt, []), "restored")),
+    wait_until(lambda: bool(of_kind(by_attempt(stack, name).get(attempt, []), "restored")),
                timeout=JOB_TIMEOUT, what=f"attempt {attempt} restored")  # fmt: skip
-    return int(of_kind(attempts(stack, name)[attempt], "restored")[0]["step"])
+    return int(of_kind(by_attempt(stack, name)[attempt], "restored")[0]["step"])
 
 
 def restarted_in_place(stack: Stack, name: str, attempt: int, sig: signal.Signals) -> dict[str, Any]:
