@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 VALID = [*sorted((ROOT / "examples").glob("*.yaml")), ROOT / "examples" / "kueue" / "job.yaml",
-         ROOT / "examples" / "templates" / "job.yaml"]
+         ROOT / "examples" / "templates" / "job.yaml", ROOT / "examples" / "multicluster" / "job.yaml"]
 INVALID = sorted((ROOT / "examples" / "invalid").glob("*.yaml"))
 # TrainingJobTemplates (cluster-scoped), and those each rule refuses.
 VALID_TEMPLATES = [ROOT / "examples" / "templates" / "platform-h100.yaml"]

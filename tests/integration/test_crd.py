@@ -187,6 +187,7 @@ def test_scale_keeps_to_data_multiple(kube: Kube, crd: None, namespace: str) -> 
         ({"spec": {"parallelism": {"pipeline": 2}}}, "spec.parallelism.pipeline"),
         ({"spec": {"rankOrder": "tp-dp-pp"}}, "spec.rankOrder"),
         ({"spec": {"worker": {"gpusPerPod": 4}}}, "spec.worker.gpusPerPod"),
+        ({"spec": {"managedBy": "kueue.x-k8s.io/multikueue"}}, "spec.managedBy"),
     ],
 )
 def test_immutable_fields_cannot_change(

@@ -117,6 +117,10 @@ def test_immutable_fields_carry_transition_rules() -> None:
         spec["parallelism"]["properties"]["pipeline"],
         spec["rankOrder"],
         spec["worker"]["properties"]["gpusPerPod"],
+        spec["managedBy"],
     ):
         rules = [v["rule"] for v in node["x-kubernetes-validations"]]
         assert "self == oldSelf" in rules
+    # managedBy can be neither added nor removed either (a rule on the spec, which has oldSelf)
+    spec_rules = [v["rule"] for v in schema()["properties"]["spec"]["x-kubernetes-validations"]]
+    assert "has(self.managedBy) == has(oldSelf.managedBy)" in spec_rules

@@ -311,6 +311,14 @@ class TrainingJobSpec(WireModel):
         "deleted and the phase is Suspended. false again resumes it from the newest committed step "
         "as a new attempt. Neither uses a restart budget.",
     )
+    managed_by: str | None = Field(
+        None, alias="managedBy", min_length=1, max_length=63,
+        description="The controller that runs this job. Unset or topotrain.io/trainingjob-controller: "
+        "topotrain. kueue.x-k8s.io/multikueue: Kueue's MultiKueue dispatches it to a worker cluster "
+        "(topotrain here only creates its Workload; docs/multicluster.md). Any other value: another "
+        "controller, and topotrain creates no pods and writes no status for it. Immutable.",
+        json_schema_extra=cel(*IMMUTABLE),
+    )
 
     @property
     def pods(self) -> int:

@@ -84,6 +84,7 @@ class Reason:
     FOREIGN_OBJECT = "ForeignObject"  # a child's name is taken by an object this job does not own
     FOREIGN_CHECKPOINTS = "ForeignCheckpoints"  # the checkpoint prefix holds another run's steps
     RESUMED_FOREIGN = "ResumedForeignCheckpoints"  # resumePolicy Always took another run's steps
+    RESUMED_RUN = "ResumedRunFromElsewhere"  # a re-dispatched copy went on from its run's steps
     CHECKPOINT_REQUESTED = "CheckpointRequested"  # a planned change asked the gang for a checkpoint
     CHECKPOINT_SERVED = "CheckpointServed"  # ... and the trainer committed it
     CHECKPOINT_TIMED_OUT = "CheckpointRequestTimedOut"  # ... not in time: the last commit is used
@@ -189,11 +190,17 @@ class NodeFailures(_Model):
 
 
 class ResumedFromStatus(_Model):
-    """The run whose checkpoints this job started from (spec.checkpoint.resumePolicy: Always)."""
+    """The run whose checkpoints this job started from: another job's (spec.checkpoint.resumePolicy:
+    Always), or its own run's, started on another cluster (a job Kueue's MultiKueue dispatched again)."""
 
     uid: str = Field("", description="metadata.uid of the TrainingJob that wrote them; empty: unknown.")
     step: int = Field(..., description="Its highest committed step when this job took them over.")
     time: str | None = Field(None, description="When this job took them over.")
+    same_run: bool | None = Field(
+        None, alias="sameRun",
+        description="true: they are this job's own run's, written where MultiKueue ran it before "
+        "(uid is the manager cluster's TrainingJob); this copy went on from them.",
+    )
 
 
 class CheckpointRequestStatus(_Model):

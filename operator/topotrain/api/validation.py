@@ -75,6 +75,12 @@ CRD_SPEC_RULES = [
         "message": "parallelism.tensor must divide worker.gpusPerPod or be a multiple of it",
         "fieldPath": ".parallelism.tensor",
     },
+    {
+        # A transition rule: managedBy may be neither added nor removed after creation.
+        "rule": "has(self.managedBy) == has(oldSelf.managedBy)",
+        "message": "managedBy is immutable after creation",
+        "fieldPath": ".managedBy",
+    },
     *degrees.CRD_SPEC_RULES,
 ]
 CRD_PARALLELISM_RULES = [

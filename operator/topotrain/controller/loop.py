@@ -30,13 +30,14 @@ from topotrain.controller.leader import STALE
 from topotrain.controller.metrics import METRICS
 from topotrain.controller.observe import Observer
 from topotrain.controller.process import Operator
-from topotrain.controller.queue_link import QueueLink, QueueView, queue_name
+from topotrain.controller.queue_link import QueueLink, QueueView, admitted_spec, queue_name
 from topotrain.controller.snapshot import Snapshot
 from topotrain.core import reconcile as rec
 from topotrain.core import templates, transitions
 from topotrain.core.decision import Decision, Observed, PodsAccepted, Refusal
 from topotrain.core.kueue_admission import lost_assigned, within_assignment
 from topotrain.core.manifests import template_hash
+from topotrain.core.multikueue import Manager, manager_of
 from topotrain.core.node_failures import avoided_nodes
 from topotrain.core.planning import (
     LazyPlanner,
@@ -109,6 +110,12 @@ class JobLoop:
         """Observe, decide (pure), write the status once, act; the seconds until the next pass
         (None: when something changes)."""
         started = time.perf_counter()
+        if (manager := manager_of(self.body)) is not Manager.TOPOTRAIN:
+            # spec.managedBy names another controller: no pod, no status write (MultiKueue's
+            # job only gets its Workload here, which Kueue dispatches to a worker cluster).
+            if manager is Manager.MULTIKUEUE:
+                await asyncio.to_thread(self.queue.dispatched, self.body)
+            return None
         self.version = self.op.read_version(self.key, self.uid, self.body)
         status = TrainingJobStatus.model_validate(self._status_read())
         raw = dict(self.body.get("spec") or {})  # merged over its template, if it names one
@@ -125,7 +132,8 @@ class JobLoop:
         if self.actuator.queued:
             view = self.queue_view = await asyncio.to_thread(
                 self.queue.observe, self.body, spec, status.phase in ("Succeeded", "Failed"))
-            spec = _admitted_spec(spec, view)
+            spec = admitted_spec(spec, view)
+            self.observer.run_uid = self.uid if view is None or view.run_uid is None else view.run_uid
         problem, ckpt = await self.op.store_calls.checkpoint(self.observer, self.key, spec, status)
         owned, table = await asyncio.to_thread(
             self.observer.children, self.key, self.actuator.problem is not None)
@@ -318,8 +326,11 @@ class JobLoop:
             await asyncio.to_thread(self.queue.hand_back, view, decision.hand_back)
         if decision.release_quota:
             await asyncio.to_thread(self.queue.release, view)
-        if decision.status.phase in ("Succeeded", "Failed") and view.workload is not None:
-            await asyncio.to_thread(self.queue.finish, view)
+        status = decision.status
+        if status.phase in ("Succeeded", "Failed") and view.workload is not None:
+            await asyncio.to_thread(self.queue.finish, view, status.phase == "Succeeded", status.message or "")
+        else:  # written only when it changes (a Workload changed since it was read: next pass)
+            await asyncio.to_thread(self.queue.pods_ready, view, status.phase == "Running")
 
     def _observe_metrics(self, decision: Decision, ckpt: CheckpointView | None) -> None:
         namespace, name = self.key
@@ -355,13 +366,6 @@ def wants_capacity(status: TrainingJobStatus, spec: TrainingJobSpec) -> bool:
         return True
     running = status.parallelism.data if status.parallelism else None
     return running is not None and running < spec.parallelism.data
-
-
-def _admitted_spec(spec: TrainingJobSpec, view: QueueView | None) -> TrainingJobSpec:
-    """The spec at the data degree Kueue admitted (a partial admission admits fewer pods)."""
-    if view is None or view.data is None or view.data == spec.parallelism.data:
-        return spec
-    return spec.model_copy(update={"parallelism": spec.parallelism.model_copy(update={"data": view.data})})
 
 
 

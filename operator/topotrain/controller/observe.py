@@ -56,6 +56,7 @@ class Observer:
         self.kube = kube
         self.settings = settings
         self.uid = uid  # the TrainingJob's metadata.uid; "" skips the ownership checks
+        self.run_uid = uid  # the run's identity the checkpoints belong to (core/multikueue.py)
         self.took_over: PrefixOwner | None = None  # our owner record, when it names another run
         self._service_ours = False
         self._stores: dict[tuple[str, str | None, str], CheckpointStore] = {}
@@ -130,10 +131,11 @@ class Observer:
     def _claim(self, store: CheckpointStore, policy: ResumePolicy, started: bool,
                latest: int | None) -> Problem:
         """Record this job as the prefix's owner, or say why it may not use the prefix."""
-        if not self.uid:
-            return None
-        claim = claim_checkpoints(uid=self.uid, started=started, policy=policy, owner=store.read_owner(),
-                                  latest_step=latest, prefix=store.uri, now=datetime.now(UTC))
+        if not self.uid or not self.run_uid:
+            return None  # no ownership checks, or the run's identity is not known yet
+        claim = claim_checkpoints(uid=self.run_uid, started=started, policy=policy,
+                                  owner=store.read_owner(), latest_step=latest, prefix=store.uri,
+                                  now=datetime.now(UTC), own_uid=self.uid)
         if claim.write is not None:
             store.write_owner(claim.write)
         self.took_over = claim.took_over

@@ -19,7 +19,13 @@ it. topotrain plays the part Kueue's own job integrations play for a batch Job o
   spec.suspend, and once none of its pods is left the quota is given back (`release`), so Kueue
   requeues it and readmits it later; the gang then resumes from the newest commit;
 - spec.suspend sets the Workload inactive (Kueue frees the quota) and back;
-- a finished job's Workload is deleted (its quota freed at once, the job and its checkpoints kept).
+- a finished job's Workload is deleted (its quota freed at once, the job and its checkpoints kept);
+- the Workload's PodsReady condition follows the gang (`pods_ready`, core/kueue_pods.py), and the
+  admission checks' podSetUpdates are handed on to the pods (`QueueView.updates`);
+- with Kueue's MultiKueue (core/multikueue.py): on the manager cluster a job managed by MultiKueue
+  only gets its Workload (`dispatched`); on a worker the copy MultiKueue made adopts the prebuilt
+  Workload its label names instead of creating one, reads the run's identity off it, and marks it
+  Finished at the end rather than deleting it (the manager would take that for a lost worker).
 
 Every call goes through `Kube`; this module only decides which.
 """
@@ -28,15 +34,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
+
+from pydantic import ValidationError
 
 from topotrain.api.spec import TrainingJobSpec
 from topotrain.controller.indexes import JobKey
 from topotrain.controller.kube import ApiException, Kube, api_message
-from topotrain.core import kueue, kueue_admission
+from topotrain.core import kueue, kueue_admission, kueue_pods, multikueue
 from topotrain.core.kueue_admission import QueueGate
+from topotrain.core.kueue_pods import PodSetUpdate
+from topotrain.core.manifests import JobMeta, owner_reference
 from topotrain.core.ownership import controller_owner, owned_by
 from topotrain.core.status_edits import iso
 from topotrain.placement.topology import TopologyLevels
@@ -54,6 +64,8 @@ class QueueView:
     workload: Mapping[str, Any] | None = None
     # Kueue's topology assignment: pods per node (None: none, or not down to the node)
     hosts: Mapping[str, int] | None = None
+    run_uid: str | None = None  # the run's identity (multikueue.py); "": not known yet
+    updates: PodSetUpdate = field(default_factory=PodSetUpdate)  # the admission checks' podSetUpdates
 
 
 def queue_name(body: Mapping[str, Any]) -> str | None:
@@ -63,42 +75,101 @@ def queue_name(body: Mapping[str, Any]) -> str | None:
     return str(name) if name else None
 
 
+def admitted_spec(spec: TrainingJobSpec, view: QueueView | None) -> TrainingJobSpec:
+    """The spec the gang is built from under Kueue: at the data degree Kueue admitted (a partial
+    admission admits fewer pods), with the admission checks' podSetUpdates on its pods."""
+    if view is None:
+        return spec
+    if view.data is not None and view.data != spec.parallelism.data:
+        spec = spec.model_copy(update={"parallelism": spec.parallelism.model_copy(update={"data": view.data})})
+    return kueue_pods.with_pod_set_updates(spec, view.updates)
+
+
 class QueueLink:
     """The Workload of one TrainingJob."""
 
     def __init__(self, kube: Kube, key: JobKey, uid: str, levels: TopologyLevels) -> None:
         self.kube, self.key, self.uid, self.levels = kube, key, uid, levels
         self.name = kueue.workload_name(key[1])
+        self.prebuilt = False  # the Workload is MultiKueue's prebuilt one (the job's label says)
+        self.run = ""  # a prebuilt Workload's run identity, once read ("": not yet)
         self._flavors: dict[str, Mapping[str, Any]] = {}
         self._local_queue: tuple[str, str] | None = None  # (LocalQueue, its ClusterQueue)
 
     def observe(self, body: Mapping[str, Any], spec: TrainingJobSpec,
                 finished: bool = False) -> QueueView | None:
-        """The job's Workload as Kueue left it (created when missing, unless the job `finished`);
-        None: the job has no queue label."""
+        """The job's Workload as Kueue left it (created when missing, unless the job `finished` or
+        MultiKueue prebuilt it); None: the job has no queue label. The view names the run the
+        job's checkpoints belong to (`run_uid`): the job's own UID, or for a copy MultiKueue
+        dispatched here the one its prebuilt Workload carries ("" while that is not known yet)."""
         queue = queue_name(body)
         if queue is None:
             return None
-        namespace = self.key[0]
+        prebuilt = multikueue.prebuilt_workload(body)
+        self.name, self.prebuilt = prebuilt or kueue.workload_name(self.key[1]), prebuilt is not None
         try:
-            workload = self.kube.workload(namespace, self.name)
+            workload = self.kube.workload(self.key[0], self.name)
         except ApiException as exc:
             return QueueView(QueueGate(admitted=False, message=(
-                f"cannot read Workload {self.name} (is Kueue installed?): {api_message(exc)}")))
+                f"cannot read Workload {self.name} (is Kueue installed?): {api_message(exc)}")),
+                run_uid=self.run if self.prebuilt else self.uid)
+        if self.prebuilt and workload is not None:
+            self.run = multikueue.run_uid(self.uid, workload, prebuilt=True)
+        view = self._observe(queue, workload, spec, finished)
+        return replace(view, run_uid=(self.run if self.prebuilt else self.uid))
+
+    def _observe(self, queue: str, workload: Mapping[str, Any] | None, spec: TrainingJobSpec,
+                 finished: bool) -> QueueView:
         if finished:
             mine = workload is not None and owned_by(workload.get("metadata") or {}, self.uid)
             return QueueView(QueueGate(admitted=True), workload=workload if mine else None)
-        if workload is not None and not owned_by(workload.get("metadata") or {}, self.uid):
+        if self.prebuilt:
+            adopted = self._adopt(workload)
+            if isinstance(adopted, QueueView):
+                return adopted
+            workload = adopted
+        elif workload is not None and not owned_by(workload.get("metadata") or {}, self.uid):
             return self._foreign(workload)
         if workload is None:
             made = self._create(queue, spec)
             if isinstance(made, QueueView):
                 return made
             workload = made
+        self._activate(workload, spec)
+        view = self._admitted(workload, spec, queue)
+        return replace(view, updates=kueue_pods.pod_set_updates(workload))
+
+    def dispatched(self, body: Mapping[str, Any]) -> None:
+        """A job MultiKueue dispatches (on the manager cluster): its Workload, created when missing
+        (unless the job finished, as the status MultiKueue copies from the worker says) and kept
+        active as spec.suspend says; nothing else, and nothing for a spec that does not parse."""
+        queue = queue_name(body)
+        try:
+            spec = TrainingJobSpec.model_validate(dict(body.get("spec") or {}))
+        except ValidationError:
+            return
+        if queue is None:
+            return
+        finished = (body.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        self.name = kueue.workload_name(self.key[1])
+        workload = self.kube.workload(self.key[0], self.name)
+        if workload is not None and not owned_by(workload.get("metadata") or {}, self.uid):
+            self._foreign(workload)  # a deleted namesake's goes; anyone else's stays
+            return
+        if workload is None and not finished:
+            made = self._create(queue, spec)
+            workload = None if isinstance(made, QueueView) else made
+        if workload is not None:
+            self._activate(workload, spec)
+
+    def _activate(self, workload: Mapping[str, Any], spec: TrainingJobSpec) -> None:
         active = not spec.suspend
         if ((workload.get("spec") or {}).get("active", True) is not False) != active:
             # spec.suspend: Kueue evicts an inactive Workload and frees its quota (and back)
-            self.kube.patch_workload(namespace, self.name, {"spec": {"active": active}})
+            self.kube.patch_workload(self.key[0], self.name, {"spec": {"active": active}})
+
+    def _admitted(self, workload: Mapping[str, Any], spec: TrainingJobSpec, queue: str) -> QueueView:
+        """What Kueue's admission lets the gang do: wait, stop, or run where and how large."""
         gate = kueue_admission.gate(workload, self.levels.gpu_resource, self._cluster_queue(queue))
         if not gate.admitted or gate.evicted:
             return QueueView(gate, workload=workload)
@@ -118,6 +189,30 @@ class QueueLink:
                 workload=workload)
         return QueueView(gate, kueue_admission.flavor_node_labels(flavors), data, workload,
                          kueue_admission.assigned_hosts(workload, self.levels.host))
+
+    def _adopt(self, workload: Mapping[str, Any] | None) -> dict[str, Any] | QueueView:
+        """The Workload MultiKueue prebuilt for this copy of a dispatched job, made this job's (an
+        owner reference, as Kueue's own integrations adopt one); a view that waits when it is
+        missing or another object's."""
+        if workload is None:
+            return QueueView(QueueGate(admitted=False, message=(
+                f"waiting for Workload {self.name}, which MultiKueue builds for this job "
+                f"(label {multikueue.PREBUILT_LABEL})")))
+        meta = workload.get("metadata") or {}
+        owner = controller_owner(meta)
+        if owner is not None and owner.uid != self.uid:
+            return QueueView(QueueGate(admitted=False, message=(
+                f"prebuilt Workload {self.name} belongs to {owner.kind} {owner.name}, not this "
+                "TrainingJob: delete it or the job")))
+        reference = owner_reference(JobMeta(self.key[1], self.key[0], self.uid))
+        patch = multikueue.adoption_patch(workload, reference, self.uid)
+        if patch is None:
+            return dict(workload)
+        self.kube.patch_workload(self.key[0], self.name, patch)
+        log.info("%s/%s: adopted Workload %s prebuilt by MultiKueue", *self.key, self.name)
+        adopted = dict(workload)
+        adopted["metadata"] = {**meta, "ownerReferences": patch["metadata"]["ownerReferences"]}
+        return adopted
 
     def release(self, view: QueueView) -> None:
         """Give an evicted Workload's quota back (its gang is gone), so Kueue requeues it. Once
@@ -139,11 +234,34 @@ class QueueLink:
         self.kube.patch_workload(self.key[0], self.name, patch, status=True)
         log.info("%s/%s: handed Workload %s back to Kueue: %s", *self.key, self.name, message)
 
-    def finish(self, view: QueueView) -> None:
-        """The job finished: delete its Workload, freeing the quota at once."""
-        meta = (view.workload or {}).get("metadata") or {}
-        if meta.get("uid"):
-            self.kube.delete_workload(self.key[0], self.name, str(meta["uid"]))
+    def finish(self, view: QueueView, succeeded: bool, message: str) -> None:
+        """The job finished: delete its Workload, freeing the quota at once; a Workload MultiKueue
+        prebuilt is marked Finished instead (the manager finishes its own from it)."""
+        workload = view.workload or {}
+        meta = workload.get("metadata") or {}
+        if not meta.get("uid"):
+            return
+        if self.prebuilt:
+            patch = multikueue.finished_status(workload, succeeded, message, iso(datetime.now(UTC)))
+            if patch is not None:
+                self.kube.patch_workload(self.key[0], self.name, patch, status=True)
+            return
+        self.kube.delete_workload(self.key[0], self.name, str(meta["uid"]))
+
+    def pods_ready(self, view: QueueView, running: bool) -> None:
+        """Keep the Workload's PodsReady condition as Kueue's integrations do (a cluster with
+        waitForPodsReady evicts a Workload whose pods are not ready in time). A Workload Kueue
+        changed since this pass read it is left for the next pass."""
+        if view.workload is None:
+            return
+        patch = kueue_pods.pods_ready_status(view.workload, running, iso(datetime.now(UTC)))
+        if patch is None:
+            return
+        try:
+            self.kube.patch_workload(self.key[0], self.name, patch, status=True)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
 
     def _create(self, queue: str, spec: TrainingJobSpec) -> dict[str, Any] | QueueView:
         priority = None

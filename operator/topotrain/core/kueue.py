@@ -37,6 +37,7 @@ from typing import Any
 
 from topotrain.api.spec import TrainingJobSpec
 from topotrain.core.manifests import CONTAINER, JobMeta, owner_reference
+from topotrain.core.multikueue import RUN_ANNOTATION
 from topotrain.placement.request import GangRequest, Mesh
 from topotrain.placement.topology import TopologyLevels
 
@@ -109,6 +110,9 @@ def workload_for(
         "name": workload_name(job_name),
         "namespace": namespace,
         "labels": {QUEUE_LABEL: queue_name},
+        # The run's identity: MultiKueue's clone of this Workload on a worker cluster keeps it,
+        # so every worker's copy of the job resumes the same run's checkpoints (multikueue.py).
+        "annotations": {RUN_ANNOTATION: uid},
         "ownerReferences": [owner_reference(JobMeta(job_name, namespace, uid))],
     }
     return {"apiVersion": KUEUE_API_VERSION, "kind": "Workload", "metadata": metadata,

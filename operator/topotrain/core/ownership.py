@@ -99,16 +99,23 @@ class Claim:
 
 def claim_checkpoints(
     *, uid: str, started: bool, policy: ResumePolicy, owner: PrefixOwner | None,
-    latest_step: int | None, prefix: str, now: datetime,
+    latest_step: int | None, prefix: str, now: datetime, own_uid: str | None = None,
 ) -> Claim:
-    """Decide whether the job with `uid` may use the checkpoints under `prefix`.
+    """Decide whether the run with `uid` may use the checkpoints under `prefix`.
 
-    `started`: the job has placed a gang before (status.startTime), so the prefix is its own
-    even without a record (jobs that started under an operator that wrote none). `owner`:
+    `uid` is the run's identity: the job's own UID, or, for a copy of a job that Kueue's
+    MultiKueue dispatched to this cluster, the manager job's (`own_uid` is then the copy's own),
+    so a copy dispatched again elsewhere resumes the run's checkpoints under the default IfOwned,
+    and status says it went on from a run started elsewhere (a `took_over` record naming the run
+    itself). `started`: the job has placed a gang before (status.startTime), so the prefix is its
+    own even without a record (jobs that started under an operator that wrote none). `owner`:
     the prefix's owner record, if any; `latest_step`: its highest committed step, if any.
     """
     mine = PrefixOwner(uid=uid, created=now)
     if owner is not None and owner.uid == uid:
+        if not started and latest_step is not None and own_uid not in (None, uid):
+            return Claim(took_over=PrefixOwner(uid=uid, created=now, resumed_uid=uid,
+                                               resumed_step=latest_step))
         return Claim(took_over=owner if owner.resumed_step is not None else None)
     if started:
         if owner is None:

@@ -139,8 +139,15 @@ class StatusBuilder(LifecycleStatus):
         """status.resumedFrom, and one Event, once the job took over another run's checkpoints."""
         if record.resumed_step is None or self.status.resumed_from is not None:
             return
+        same = record.resumed_uid == record.uid  # the run's own steps, written on another cluster
         self.status.resumed_from = ResumedFromStatus(
-            uid=record.resumed_uid or "", step=record.resumed_step, time=iso(record.created))
+            uid=record.resumed_uid or "", step=record.resumed_step, time=iso(record.created),
+            same_run=True if same else None)
+        if same:
+            self._event(NORMAL, Reason.RESUMED_RUN, f"resuming run {record.uid} from step "
+                        f"{record.resumed_step}: it was started on another cluster (MultiKueue "
+                        "dispatched this job again)")
+            return
         whose = f"TrainingJob uid {record.resumed_uid}" if record.resumed_uid else "a run of unknown owner"
         self._event(WARNING, Reason.RESUMED_FOREIGN,
                     f"resuming checkpoints written by {whose}, from step {record.resumed_step} "
