@@ -188,10 +188,13 @@ class KueueStack:
     """Kueue (and JobSet when `jobset`) beside `testbed`; state under `<root>/kueue/`."""
 
     def __init__(
-        self, testbed: Testbed, *, jobset: bool = False, qps: float = 50, burst: int = 100
+        self, testbed: Testbed, *, jobset: bool = False, qps: float = 50, burst: int = 100,
+        extra: Mapping[str, Any] | None = None,
     ) -> None:
         self.testbed = testbed
         self.jobset = jobset
+        # More of Kueue's Configuration (`multiKueue` on a manager, `waitForPodsReady`, ...)
+        self.extra = dict(extra or {})
         self.qps, self.burst = qps, burst
         self.dir = testbed.root / "kueue"
         self.kueue = ManagedProcess("kueue", testbed.root)
@@ -312,6 +315,7 @@ class KueueStack:
         changed = False
         wanted = {"kueue": kueue_config(ports, self._cert_dir, jobset=self.jobset, qps=self.qps,
                                         burst=self.burst)}  # fmt: skip
+        wanted["kueue"].update(self.extra)
         if self.jobset:
             wanted["jobset"] = jobset_config(ports, self._cert_dir)
         for name, config in wanted.items():

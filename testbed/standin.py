@@ -20,6 +20,8 @@ soak can run many jobs on two cores:
   seed -> step 1 -> ... -> step n, so a run resumed from the right committed
   checkpoint prints exactly the losses of an uninterrupted run, and one
   resumed from anything else does not;
+- `holdAtStep`/`holdAttempts` hold the first attempts after that step until the pod's
+  hold-release annotation (a test aid, as the trainer's; a run resumed past the step goes on);
 - SIGUSR1 makes it crash (exit 1), as an exception in a training step would;
   it exits 0 after the last step;
 - like the trainer's pod, it runs under the trainer's own pod supervisor
@@ -157,11 +159,24 @@ def _retry(what: str, call: Any) -> Any:
             time.sleep(1)
 
 
+def _hold(step: int) -> None:
+    """`training.holdAtStep` (a test aid, as the trainer's): after that step's heartbeat (and its
+    commit, when one is due) wait until the pod's hold-release annotation shows in the control file.
+    Only the step itself holds: a run resumed past it goes on."""
+    from topotrain.contract import HOLD_RELEASE, control_path, read_control
+
+    emit(event="hold", step=step)
+    while not read_control(control_path()).get(HOLD_RELEASE):
+        time.sleep(0.2)
+    emit(event="released", step=step)
+
+
 def run_rank0(env: Any, config: dict[str, Any]) -> int:
     from topotrain.checkpoints import CheckpointStore, ServedRequest
     from topotrain.contract import CHECKPOINT_REQUEST, control_path, read_control
 
     steps, pace = int(config.get("steps", 100)), float(config.get("stepSeconds", 1.0))
+    hold_at, hold_attempts = int(config.get("holdAtStep", 0)), int(config.get("holdAttempts", 1))
     seed = int(config.get("seed", 0))
     store = CheckpointStore(env.checkpoint_uri)
     state, start = seed, 1
@@ -214,6 +229,8 @@ def run_rank0(env: Any, config: dict[str, Any]) -> int:
             store.write_progress(step, env.attempt, request=served)
         except Exception as err:  # the heartbeat is best effort; the next step writes it again
             emit(event="store-error", what="progress", error=str(err)[:200])
+        if step == hold_at and env.attempt < hold_attempts:
+            _hold(step)
     for conn in conns:
         with contextlib.suppress(OSError):
             conn.sendall(b"done\n")
