@@ -356,7 +356,8 @@ class TrainingJobStatus(_Model):
     )
     resumed_from: ResumedFromStatus | None = Field(
         None, alias="resumedFrom",
-        description="Set when the job started from checkpoints another TrainingJob wrote.",
+        description="Set when the job started from checkpoints another TrainingJob wrote, or its "
+        "own run wrote on another cluster before MultiKueue dispatched it here (sameRun).",
     )
     job_template: JobTemplateStatus | None = Field(
         None, alias="jobTemplate", description="The TrainingJobTemplate the spec was resolved from.",
