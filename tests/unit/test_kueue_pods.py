@@ -96,7 +96,8 @@ def test_every_pod_of_the_gang_carries_the_updates_on_top_of_the_workers_own() -
     built = admitted_spec(spec, QueueView(QueueGate(admitted=True), updates=update))
     assert admitted_spec(spec, QueueView(QueueGate(admitted=True), updates=PodSetUpdate())) is spec
     for index in range(2):
-        p = pod(JobMeta("llm", "team", "uid-1"), built, PodPlan(attempt=0, index=index, node=f"n{index}", data=2))
+        p = pod(JobMeta("llm", "team", "uid-1"), built, PodPlan(attempt=0, index=index, node=f"n{index}", data=2,
+                                                            resume_step=None))
         labels, annotations = p["metadata"]["labels"], p["metadata"]["annotations"]
         assert labels["prov"] == "req-1" and labels["team"] == "a" and labels["app"] == "llm"
         assert annotations["autoscaling.x-k8s.io/consume"] == "req-1"
