@@ -158,7 +158,7 @@ class MultiCluster:
         if check is not None:
             for obj in objects:
                 if obj["kind"] == "ClusterQueue":
-                    obj["spec"]["admissionChecks"] = [check]
+                    obj["spec"]["admissionChecksStrategy"] = {"admissionChecks": [{"name": check}]}
         member.kueue.apply(objects)
         member.kueue.wait_cluster_queue_active(made.cluster_queue, timeout=120)
 

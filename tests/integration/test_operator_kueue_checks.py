@@ -55,7 +55,8 @@ def queue(kueue: KueueStack, cluster: Cluster) -> Iterator[str]:
         {"apiVersion": KUEUE_API_VERSION, "kind": "AdmissionCheck", "metadata": {"name": prefix},
          "spec": {"controllerName": CHECK_CONTROLLER}},
         {"apiVersion": KUEUE_API_VERSION, "kind": "ClusterQueue", "metadata": {"name": prefix},
-         "spec": {"namespaceSelector": {}, "admissionChecks": [prefix], "resourceGroups": [{
+         "spec": {"namespaceSelector": {}, "admissionChecksStrategy": {"admissionChecks": [{"name": prefix}]},
+                  "resourceGroups": [{
              "coveredResources": ["nvidia.com/gpu"],
              "flavors": [{"name": prefix, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "4"}]}]}]}},
         {"apiVersion": KUEUE_API_VERSION, "kind": "LocalQueue",
