@@ -270,3 +270,35 @@ def test_the_workload_topotrain_creates_carries_the_run() -> None:
     clone = copy.deepcopy(made)  # what MultiKueue's cloneForCreate keeps: labels and annotations
     clone["metadata"].pop("ownerReferences")
     assert multikueue.run_uid("worker-copy", clone, prebuilt=True) == "uid-1"
+
+
+def _evicted(reason: str) -> dict[str, Any]:
+    return {"metadata": {"generation": 1}, "status": {
+        "admission": {"clusterQueue": "cq"},
+        "conditions": [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"},
+                       {"type": "Evicted", "status": "True", "reason": reason, "message": "m"}]}}
+
+
+def test_an_evicted_dispatched_workload_gives_its_quota_back_as_kueues_job_framework_does() -> None:
+    # The worker was lost (MultiKueue retried its check): at once, though its last status said Running.
+    assert multikueue.release_dispatched(_evicted("AdmissionCheck"), "Running")
+    # Preempted on the manager: once the worker's copy no longer runs (its status, copied here).
+    assert not multikueue.release_dispatched(_evicted("Preempted"), "Running")
+    assert multikueue.release_dispatched(_evicted("Preempted"), "Suspended")
+    given_back = _evicted("AdmissionCheck")
+    given_back["status"]["admission"] = None
+    assert not multikueue.release_dispatched(given_back, "Running"), "given back once"
+    assert not multikueue.release_dispatched({"status": {"admission": {"clusterQueue": "cq"}}}, None)
+
+
+def test_the_manager_gives_an_evicted_workloads_quota_back_so_multikueue_dispatches_again() -> None:
+    kube = FakeKube()
+    job = {**BODY, "spec": {**SPEC.to_wire(), "managedBy": multikueue.MULTIKUEUE_MANAGER},
+           "status": {"phase": "Running"}}
+    link(kube).dispatched(job)
+    kube.workloads["trainingjob-llm"]["status"] = _evicted("AdmissionCheck")["status"]
+    link(kube).dispatched(job)
+    (_, patch, status), = kube.patches
+    conditions = {c["type"]: c for c in patch["status"]["conditions"]}
+    assert status and patch["status"]["admission"] is None
+    assert conditions["QuotaReserved"]["status"] == "False" and conditions["Requeued"]["status"] == "False"

@@ -159,8 +159,17 @@ class QueueLink:
         if workload is None and not finished:
             made = self._create(queue, spec)
             workload = None if isinstance(made, QueueView) else made
-        if workload is not None:
-            self._activate(workload, spec)
+        if workload is None:
+            return
+        self._activate(workload, spec)
+        phase = (body.get("status") or {}).get("phase")
+        if multikueue.release_dispatched(workload, phase):
+            # Kueue's job framework does this for its own jobs: an evicted Workload's quota is
+            # given back once the job no longer runs, so Kueue requeues it and MultiKueue
+            # dispatches it again (to another worker, when its own was lost).
+            patch = kueue_admission.release_status(workload, iso(datetime.now(UTC)))
+            self.kube.patch_workload(self.key[0], self.name, patch, status=True)
+            log.info("%s/%s: Workload %s evicted on the manager; gave its quota back", *self.key, self.name)
 
     def _activate(self, workload: Mapping[str, Any], spec: TrainingJobSpec) -> None:
         active = not spec.suspend

@@ -31,6 +31,11 @@ ORIGIN_LABEL = "kueue.x-k8s.io/multikueue-origin"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"  # Kueue labels an adopted prebuilt Workload with it
 RUN_ANNOTATION = "topotrain.io/run-uid"
 
+# The Workload eviction reason when an admission check is retried: MultiKueue's, after the worker
+# holding the job was lost (workerLostTimeout) or evicted it (Kueue's WorkloadEvictedByAdmissionCheck).
+EVICTED_BY_CHECK = "AdmissionCheck"
+RUNNING_PHASES = ("Starting", "Running", "Recovering")
+
 # Workload condition Kueue's MultiKueue waits for on a worker (a deleted worker Workload is a
 # lost one to the manager, which then dispatches the job again).
 FINISHED = "Finished"
@@ -114,3 +119,18 @@ def finished_status(workload: Mapping[str, Any], succeeded: bool, message: str, 
         finished["observedGeneration"] = generation
     kept = [c for c in conditions if c.get("type") != FINISHED]
     return {"status": {"conditions": [*kept, finished]}}
+
+
+def release_dispatched(workload: Mapping[str, Any], phase: str | None) -> bool:
+    """Whether the manager's Workload of a job MultiKueue dispatched is evicted and its quota must be
+    given back now (as Kueue's job framework gives back its own jobs' once they no longer run):
+    at once after an admission check's retry (the worker holding the job was lost, or evicted
+    it: nothing of the job runs where MultiKueue can reach it), otherwise once the status copied
+    from the worker (`phase`) no longer says it runs (the worker stopped it, say after a
+    preemption on the manager)."""
+    status = workload.get("status") or {}
+    evicted = next((c for c in status.get("conditions") or []
+                    if c.get("type") == "Evicted" and c.get("status") == "True"), None)
+    if evicted is None or not status.get("admission"):
+        return False
+    return evicted.get("reason") == EVICTED_BY_CHECK or phase not in RUNNING_PHASES
