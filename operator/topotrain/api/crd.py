@@ -16,7 +16,7 @@ import yaml
 from topotrain import GROUP, KIND, PLURAL, VERSION
 from topotrain.api.spec import TrainingJobSpec
 from topotrain.api.status import TrainingJobStatus
-from topotrain.api.validation import CRD_PARALLELISM_RULES, CRD_SPEC_RULES
+from topotrain.api.validation import CRD_PARALLELISM_RULES, CRD_SPEC_RULES, MANAGED_BY_RULE
 
 CRD_FILENAME = f"{GROUP}_{PLURAL}.yaml"
 NAME_RULE = {
@@ -105,7 +105,7 @@ def _unless_templated(rule: dict[str, str]) -> dict[str, str]:
 def spec_schema() -> Schema:
     spec = model_schema(TrainingJobSpec)
     spec["required"] = [f for f in spec["required"] if f != "image"]  # IMAGE_RULE says when
-    _add_rules(spec, [IMAGE_RULE, *map(_unless_templated, CRD_SPEC_RULES)])
+    _add_rules(spec, [IMAGE_RULE, *map(_unless_templated, CRD_SPEC_RULES), MANAGED_BY_RULE])
     _add_rules(spec["properties"]["parallelism"], CRD_PARALLELISM_RULES)
     return spec
 

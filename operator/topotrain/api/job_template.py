@@ -86,6 +86,9 @@ def _template_node(node: Any, in_list: bool = False) -> Any:
 def template_spec_schema() -> Schema:
     schema = _template_node(copy.deepcopy(job_spec_schema()))
     schema["properties"].pop("templateRef", None)
+    # Who runs a job is the job's own word: topotrain and Kueue's MultiKueue read spec.managedBy
+    # off the job object itself, never off a template (docs/multicluster.md).
+    schema["properties"].pop("managedBy", None)
     schema["description"] = ("Any part of a TrainingJob spec: what the jobs naming this template "
                              "start from (their own fields win).")
     return schema  # type: ignore[no-any-return]

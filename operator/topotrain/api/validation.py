@@ -75,14 +75,15 @@ CRD_SPEC_RULES = [
         "message": "parallelism.tensor must divide worker.gpusPerPod or be a multiple of it",
         "fieldPath": ".parallelism.tensor",
     },
-    {
-        # A transition rule: managedBy may be neither added nor removed after creation.
-        "rule": "has(self.managedBy) == has(oldSelf.managedBy)",
-        "message": "managedBy is immutable after creation",
-        "fieldPath": ".managedBy",
-    },
     *degrees.CRD_SPEC_RULES,
 ]
+# A transition rule, checked whether or not the job names a template: managedBy may be neither
+# added nor removed after creation (the field's own `self == oldSelf` covers a change).
+MANAGED_BY_RULE = {
+    "rule": "has(self.managedBy) == has(oldSelf.managedBy)",
+    "message": "managedBy is immutable after creation",
+    "fieldPath": ".managedBy",
+}
 CRD_PARALLELISM_RULES = [
     {
         "rule": f"self.tensor * self.pipeline * self.data <= {MAX_WORLD_SIZE}",
