@@ -190,17 +190,13 @@ class NodeFailures(_Model):
 
 
 class ResumedFromStatus(_Model):
-    """The run whose checkpoints this job started from: another job's (spec.checkpoint.resumePolicy:
-    Always), or its own run's, started on another cluster (a job Kueue's MultiKueue dispatched again)."""
+    """The run whose checkpoints this job started from (resumePolicy Always, or MultiKueue's re-dispatch)."""
 
     uid: str = Field("", description="metadata.uid of the TrainingJob that wrote them; empty: unknown.")
     step: int = Field(..., description="Its highest committed step when this job took them over.")
     time: str | None = Field(None, description="When this job took them over.")
-    same_run: bool | None = Field(
-        None, alias="sameRun",
-        description="true: they are this job's own run's, written where MultiKueue ran it before "
-        "(uid is the manager cluster's TrainingJob); this copy went on from them.",
-    )
+    same_run: bool | None = Field(None, alias="sameRun", description="true: its own run's, written where "
+                                  "MultiKueue ran it before (uid: the manager cluster's TrainingJob).")
 
 
 class CheckpointRequestStatus(_Model):
