@@ -33,11 +33,10 @@ import os
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from testbed import faults
 from testbed.harness_proc import events_by_attempt
@@ -61,25 +60,26 @@ HANG_TIMEOUT = 30  # every step reports; a step takes well under a second
 HELD_ATTEMPTS = 4  # kill, hang, scale down, scale up: attempt 4 trains to the end
 
 
-def _launch(recipe: str, control: Path) -> subprocess.Popen[str]:
+def _launch(recipe: str, folder: Path) -> subprocess.Popen[bytes]:
+    """The recipe run to the end by the launcher alone (two workers, no checkpoints); its output
+    in `folder`/out and err."""
+    folder.mkdir()
     env = {**os.environ, "NPROC_PER_NODE": "2", "MASTER_PORT": str(free_port()),
-           "TOPOTRAIN_CONTROL_DIR": str(control), "STEPS": str(STEPS)}  # fmt: skip
+           "TOPOTRAIN_CONTROL_DIR": str(folder), "STEPS": str(STEPS)}  # fmt: skip
     for key in ("TOPOTRAIN_JOB_NAME", "TOPOTRAIN_CHECKPOINT_URI", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
         env.pop(key, None)
-    return subprocess.Popen([sys.executable, "-m", "topotrain_sdk.launch", "--", sys.executable,
-                             str(RECIPE[recipe])], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    with (folder / "out").open("wb") as out, (folder / "err").open("wb") as err:
+        return subprocess.Popen([sys.executable, "-m", "topotrain_sdk.launch", "--", sys.executable,
+                                 str(RECIPE[recipe])], env=env, stdout=out, stderr=err)  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[int, float]]:
-    """Each recipe's losses run to the end by the launcher alone: two workers, no checkpoints
-    (both recipes at once)."""
-    runs = {recipe: _launch(recipe, tmp_path_factory.mktemp(f"control-{recipe}")) for recipe in RECIPE}
+def uninterrupted(runs: dict[str, tuple[subprocess.Popen[bytes], Path]]) -> dict[str, dict[int, float]]:
+    """Each recipe's losses in its uninterrupted run (waited for)."""
     losses: dict[str, dict[int, float]] = {}
-    for recipe, run in runs.items():
-        out, err = run.communicate(timeout=600)
-        assert run.returncode == 0, f"{recipe}: {out[-2000:]}{err[-2000:]}"
+    for recipe, (run, folder) in runs.items():
+        code = run.wait(timeout=600)
+        out, err = (folder / "out").read_text(errors="replace"), (folder / "err").read_text(errors="replace")
+        assert code == 0, f"{recipe}: {out[-2000:]}{err[-2000:]}"
         events = [json.loads(line) for line in out.splitlines() if line.startswith('{"')]  # not HF's dicts
         losses[recipe] = step_losses(events)
         assert sorted(losses[recipe]) == list(range(1, STEPS + 1)), recipe
@@ -158,10 +158,9 @@ def scaled(stack: Stack, name: str, attempt: int, data: int) -> None:
     assert restored(stack, name, int(job["status"]["attempt"])) == request["step"]
 
 
-@pytest.mark.parametrize("recipe", list(RECIPE))
-def test_a_recipe_recovers_from_a_kill_a_hang_and_a_resize_with_uninterrupted_losses(
-    stack: Stack, uninterrupted: dict[str, dict[int, float]], recipe: str
-) -> None:
+def through_every_fault(stack: Stack, recipe: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The recipe's job through the kill, the two resizes and the hang, to Succeeded: its final
+    object and its trainer's log events."""
     name = f"byo-{recipe}"
     stack.apply_job(name, spec(recipe))
 
@@ -177,14 +176,32 @@ def test_a_recipe_recovers_from_a_kill_a_hang_and_a_resize_with_uninterrupted_lo
     assert restored(stack, name, 4) == 2 * INTERVAL
 
     done = stack.wait_job(name, phase_is("Succeeded"), timeout=JOB_TIMEOUT, what="Succeeded")
-    assert int(done["status"]["restarts"]) == 2 and done["status"]["parallelism"]["data"] == 2
-    events = stack.events(name)
-    assert sorted(step_losses(events)) == list(range(1, STEPS + 1))
-    for e in of_kind(events, "step"):  # every step trained, in every attempt, at either degree
-        assert math.isclose(float(e["loss"]), uninterrupted[recipe][int(e["step"])], abs_tol=LOSS_ATOL), e
     assert [c.step for c in checkpoint_store(stack, name).list_committed()][-1] == STEPS
-    # What the operator shows of the trainer's cooperation, and the contract version it reported.
-    assert done["status"]["trainer"] == {"heartbeat": True, "commits": True, "checkpointRequests": "Honoured",
-                                         "contractVersion": CONTRACT_VERSION}  # fmt: skip
-    cooperation = next(c for c in done["status"]["conditions"] if c["type"] == "TrainerCooperation")
-    assert cooperation["status"] == "True", cooperation
+    return done, stack.events(name)
+
+
+def test_both_recipes_recover_from_a_kill_a_resize_and_a_hang_with_uninterrupted_losses(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """Both recipes' jobs at once, beside their uninterrupted runs (CI's time: issue 31)."""
+    runs = {recipe: (_launch(recipe, tmp_path / recipe), tmp_path / recipe) for recipe in RECIPE}
+    try:
+        with ThreadPoolExecutor(len(RECIPE)) as pool:
+            jobs = {recipe: pool.submit(through_every_fault, stack, recipe) for recipe in RECIPE}
+            finished = {recipe: job.result() for recipe, job in jobs.items()}
+        reference = uninterrupted(runs)
+    finally:
+        for run, _ in runs.values():
+            if run.poll() is None:
+                run.kill()
+    for recipe, (done, events) in finished.items():
+        assert int(done["status"]["restarts"]) == 2, recipe  # the kill and the hang, no resize
+        assert done["status"]["parallelism"]["data"] == 2, recipe
+        assert sorted(step_losses(events)) == list(range(1, STEPS + 1)), recipe
+        for e in of_kind(events, "step"):  # every step trained, in every attempt, at either degree
+            assert math.isclose(float(e["loss"]), reference[recipe][int(e["step"])], abs_tol=LOSS_ATOL), (recipe, e)
+        # What the operator shows of the trainer's cooperation, and the contract version it reported.
+        assert done["status"]["trainer"] == {"heartbeat": True, "commits": True, "checkpointRequests": "Honoured",
+                                             "contractVersion": CONTRACT_VERSION}, recipe  # fmt: skip
+        cooperation = next(c for c in done["status"]["conditions"] if c["type"] == "TrainerCooperation")
+        assert cooperation["status"] == "True", (recipe, cooperation)
