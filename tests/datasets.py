@@ -20,8 +20,20 @@ DOCUMENTS, SENTENCES, VOCAB, SHARD_TOKENS = 400, 20, 512, 8192
 PREFIX = "datasets/arithmetic"
 
 
+# The S3 client that wrote each bucket's dataset: the in-process reference runs
+# (tests/trainer/reference.py) read the same shards with it (this process has no AWS_* credentials).
+_CLIENTS: dict[str, Any] = {}
+
+
 def dataset_uri(bucket: str) -> str:
     return f"s3://{bucket}/{PREFIX}"
+
+
+def client_for(uri: str) -> Any | None:
+    """The client `prepare` wrote `uri`'s bucket with, if this process wrote it."""
+    if not uri.startswith("s3://"):
+        return None
+    return _CLIENTS.get(uri[len("s3://"):].split("/", 1)[0])
 
 
 def prepare(client: Any, bucket: str) -> dict[str, Any]:
@@ -30,5 +42,6 @@ def prepare(client: Any, bucket: str) -> dict[str, Any]:
     def docs() -> list[str]:
         return [" ".join(synthetic_sentences(SENTENCES, seed=i)) for i in range(DOCUMENTS)]
 
+    _CLIENTS[bucket] = client
     store = S3Store(dataset_uri(bucket), client=client)
     return prepare_dataset(store, docs, vocab_size=VOCAB, shard_tokens=SHARD_TOKENS)

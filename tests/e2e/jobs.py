@@ -98,3 +98,13 @@ def assert_losses_match(events: list[dict[str, Any]], reference: dict[int, float
         assert math.isclose(loss, reference[step], rel_tol=0.0, abs_tol=LOSS_ATOL), (
             f"step {step}: {loss} != {reference[step]}"
         )
+
+
+def table_row(table: str) -> dict[str, str]:
+    """The first row of `kubectl get` output by column: each value sliced at its header's offsets
+    (an empty column, such as ETA before a rate is known, leaves no token to split on)."""
+    header, row = table.splitlines()[:2]
+    starts = [i for i, c in enumerate(header) if c != " " and (i == 0 or header[i - 1] == " ")]
+    ends = [*starts[1:], None]
+    return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, ends, strict=True)}
+

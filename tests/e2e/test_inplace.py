@@ -29,6 +29,7 @@ from tests.e2e.jobs import (
     of_kind,
     phase_is,
     spec_dp2,
+    table_row,
 )
 
 
@@ -65,8 +66,7 @@ def test_killed_trainer_is_restarted_by_a_new_gang_with_the_uninterrupted_losses
     # `kubectl get tj` shows the restart and the recovery time: the time to the new attempt's first
     # step, which includes the pods starting and the trainer's import, rendezvous and checkpoint
     # load, each reported as a phase.
-    table = stack.kubectl("get", "tj", name, "-n", stack.namespace).stdout.splitlines()
-    row = dict(zip(table[0].split(), table[1].split(), strict=False))
+    row = table_row(stack.kubectl("get", "tj", name, "-n", stack.namespace).stdout)
     recovery = status["recovery"]
     assert int(row["RESTARTS"]) >= 1
     assert float(row["RECOVERY"]) == recovery["timeToFirstStepSeconds"] > recovery["lastSeconds"] > 0

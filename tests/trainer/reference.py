@@ -17,6 +17,8 @@ from topotrain_trainer.model import Transformer, model_config
 from topotrain_trainer.shards import open_store
 from topotrain_trainer.train import lr_lambda
 
+from tests.datasets import client_for
+
 
 def reference_run(
     config: TrainingConfig, steps: int | None = None, model: Transformer | None = None
@@ -25,7 +27,7 @@ def reference_run(
     the seed's initialisation."""
     root = Path(config.staging_dir or tempfile.mkdtemp())
     uri = str(ensure_synthetic(root, config.seed)) if config.dataset == "synthetic" else config.dataset
-    dataset = TokenDataset(open_store(uri), config.seq_len)
+    dataset = TokenDataset(open_store(uri, client_for(uri)), config.seq_len)
     if model is None:
         torch.manual_seed(config.seed)
         model = Transformer(model_config(config.model, model_vocab(dataset.vocab_size)))
