@@ -366,12 +366,14 @@ def test_service_account_cannot_do_what_the_operator_does_not_need(
         ["create", "pods", *ns],
         ["delete", "pods", *ns],
         ["patch", "trainingjobs.topotrain.io", "--subresource=status", *ns],
+        ["delete", "trainingjobs.topotrain.io", *ns],  # spec.ttlSecondsAfterFinished
+        ["get", "trainingjobtemplates.topotrain.io"],  # spec.templateRef
         ["watch", "nodes"],
         ["update", f"leases.coordination.k8s.io/{release.fullname}", *ns],
     ):
         assert release.can_i(*args), f"cannot {' '.join(args)}"
     # What it does not: other Secrets, granting itself roles, touching nodes,
-    # other operators' Leases, deleting jobs, exec into pods.
+    # other operators' Leases, creating jobs or templates, exec into pods.
     for args in (
         ["get", "secrets", *ns],
         ["list", "secrets", *ns],
@@ -389,7 +391,8 @@ def test_service_account_cannot_do_what_the_operator_does_not_need(
         ["list", "namespaces"],
         ["update", "leases.coordination.k8s.io/someone-else", *ns],
         ["update", "leases.coordination.k8s.io/kube-scheduler", "-n", "kube-system"],
-        ["delete", "trainingjobs.topotrain.io", *ns],
+        ["create", "trainingjobs.topotrain.io", *ns],
+        ["update", "trainingjobtemplates.topotrain.io"],
         ["create", "pods", "--subresource=exec", *ns],
         ["create", "serviceaccounts", "--subresource=token", *ns],
     ):
