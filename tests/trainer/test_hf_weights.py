@@ -14,27 +14,18 @@ import pytest
 import torch
 from topotrain_trainer.config import TrainingConfig
 from topotrain_trainer.data import BatchLoader, TokenDataset, synthetic_sentences
-from topotrain_trainer.hf import SafetensorsSource, config_from_hf, import_tensors
-from topotrain_trainer.model import Transformer, model_config
-from topotrain_trainer.shards import DirStore, S3Store
+from topotrain_trainer.shards import S3Store
 from topotrain_trainer.tokens import prepare_dataset
 from topotrain_trainer.weights import export_checkpoint
 
 from testbed.s3 import S3Server
+from tests.hf_import import imported
 
 from .harness import TrainerRun, trainer_env
 from .reference import reference_run
 
 pytestmark = [pytest.mark.trainer]
 transformers = pytest.importorskip("transformers")
-
-
-def imported(path: Path) -> Transformer:
-    source = SafetensorsSource(DirStore(path))
-    config = config_from_hf(source.config, model_config("tiny"), "tiny")
-    model = Transformer(config)
-    model.load_state_dict(import_tensors(source, config, [n for n, _ in model.named_parameters()]))
-    return model
 
 
 def test_a_3d_job_imports_trains_and_exports_hugging_face_weights(

@@ -14,11 +14,12 @@ from topotrain_trainer.hf import (
     config_from_hf,
     export_index,
     export_stage,
-    import_tensors,
 )
-from topotrain_trainer.model import Transformer, model_config
+from topotrain_trainer.model import model_config
 from topotrain_trainer.shards import DirStore
 from topotrain_trainer.weights import weight_map
+
+from tests.hf_import import imported
 
 transformers = pytest.importorskip("transformers")
 
@@ -33,14 +34,6 @@ def hf_llama(path: Path, *, tied: bool) -> torch.nn.Module:
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).float().eval()
     model.save_pretrained(path)
-    return model
-
-
-def imported(path: Path) -> Transformer:
-    source = SafetensorsSource(DirStore(path))
-    config = config_from_hf(source.config, model_config("tiny"), "tiny")
-    model = Transformer(config)
-    model.load_state_dict(import_tensors(source, config, [n for n, _ in model.named_parameters()]))
     return model
 
 
