@@ -54,15 +54,11 @@ def expired(obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
         return False
     limit = obs.spec.active_deadline_seconds
     live = [p for p in current if not p.terminating]
-    running = sb.status.phase == "Running" and bool(live) and all(p.phase == "Running" for p in live)
-    if running:
-        wait = planned.checkpoint_first(sb, obs.checkpoint, current, attempt, CAUSE, obs.now,
-                                        obs.checkpoint_request_timeout)
-        if not wait.ready:
-            decision.checkpoint_request, decision.requeue_after = wait.ask, wait.requeue_after
-            return True
-    else:
-        planned.cancel(sb)
+    wait = planned.stop_saving(sb, obs.checkpoint, current, live, attempt, CAUSE, obs.now,
+                               obs.checkpoint_request_timeout)
+    if not wait.ready:
+        decision.checkpoint_request, decision.requeue_after = wait.ask, wait.requeue_after
+        return True
     decision.relabel, decision.release, decision.launch = None, [], None
     decision.delete += [p.name for p in live if p.name not in decision.delete]
     sb.failed(Reason.DEADLINE_EXCEEDED,

@@ -106,6 +106,19 @@ def checkpoint_first(
     return Wait(ready=False, ask=_ask(req, pods), requeue_after=min(POLL_SECONDS, timeout - waited))
 
 
+def stop_saving(
+    sb: StatusBuilder, view: CheckpointView | None, pods: list[policy.PodView],
+    live: list[policy.PodView], attempt: int, reason: str, now: datetime, timeout: float,
+) -> Wait:
+    """A gang stopped for good (suspend, a deadline): a Running gang saves first
+    (`checkpoint_first`); one not Running yet has nothing to save, so a pending request is
+    cancelled and the stop goes ahead at once."""
+    if sb.status.phase == "Running" and live and all(p.phase == "Running" for p in live):
+        return checkpoint_first(sb, view, pods, attempt, reason, now, timeout)
+    cancel(sb)
+    return Wait(ready=True)
+
+
 def cancel(sb: StatusBuilder) -> None:
     """The planned change is no longer wanted, or something else changed the gang first.
 

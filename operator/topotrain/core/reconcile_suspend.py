@@ -27,17 +27,13 @@ def suspend(
     """
     live = [p for p in current if not p.terminating]
     step = None if obs.checkpoint is None else obs.checkpoint.step
-    running = sb.status.phase == "Running" and bool(live) and all(p.phase == "Running" for p in live)
-    if running:
-        wait = planned.checkpoint_first(sb, obs.checkpoint, current, attempt, cause, obs.now,
-                                        obs.checkpoint_request_timeout)
-        if not wait.ready:
-            decision.checkpoint_request, decision.requeue_after = wait.ask, wait.requeue_after
-            sb.suspending(attempt, why)
-            return
-        step = wait.resume_step if wait.resume_step is not None else step
-    else:
-        planned.cancel(sb)
+    wait = planned.stop_saving(sb, obs.checkpoint, current, live, attempt, cause, obs.now,
+                               obs.checkpoint_request_timeout)
+    if not wait.ready:
+        decision.checkpoint_request, decision.requeue_after = wait.ask, wait.requeue_after
+        sb.suspending(attempt, why)
+        return
+    step = wait.resume_step if wait.resume_step is not None else step
     decision.relabel, decision.release = None, []
     if live:
         decision.delete += [p.name for p in live if p.name not in decision.delete]
