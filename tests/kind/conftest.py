@@ -10,6 +10,7 @@ because no kind cluster was built for this run. Every test is marked `kind`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -123,7 +124,9 @@ class S3Access:
             aws_secret_access_key=self.secret_key, region_name="us-east-1",
         )  # fmt: skip
         if self.forward is not None:
-            wait_for(lambda: _answers(client, self.forward), 60, "kubectl port-forward to the S3 service")
+            wait_for(
+                lambda: _answers(client, self.forward), 60, "kubectl port-forward to the S3 service"
+            )
         return client
 
 
@@ -154,7 +157,10 @@ def _answers(client: Any, forward: PortForward | None) -> bool:
 
 
 # The bucket of the tokenized dataset every job trains from (tests/datasets.py, tests/kind/jobs.py).
-DATA_BUCKET = f"kind-data-{uuid.uuid4().hex[:10]}"
+# A fixed name, never a random one: pytest imports this conftest once as a plugin and jobs.py
+# imports it again as tests.kind.conftest, and a name drawn at import differed between the two
+# (the jobs named a bucket nobody wrote: "no index.json there"). The cluster is the run's own.
+DATA_BUCKET = "kind-data"
 
 
 @pytest.fixture(scope="session")
@@ -163,7 +169,10 @@ def dataset(s3_access: S3Access) -> str:
     from tests.datasets import dataset_uri, prepare
 
     client = s3_access.client()
-    client.create_bucket(Bucket=DATA_BUCKET)
+    # a kept cluster (KEEP_CLUSTER=1, --test-up again) has it: written again, the same bytes
+    exists = (client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists)
+    with contextlib.suppress(*exists):
+        client.create_bucket(Bucket=DATA_BUCKET)
     prepare(client, DATA_BUCKET)
     return dataset_uri(DATA_BUCKET)
 
@@ -209,7 +218,9 @@ class KubectlError(AssertionError):
     """kubectl failed for a reason other than the API server being away; says kubectl's words."""
 
     def __init__(self, args: tuple[str, ...], done: subprocess.CompletedProcess[str]) -> None:
-        super().__init__(f"kubectl {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()[-800:]}")
+        super().__init__(
+            f"kubectl {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()[-800:]}"
+        )
         self.stderr = done.stderr
 
 
@@ -219,7 +230,9 @@ def kubectl(kube: Kube, *args: str, stdin: str | None = None) -> subprocess.Comp
     deadline = time.monotonic() + TRANSIENT_SECONDS
     env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig)}
     while True:
-        done = subprocess.run(["kubectl", *args], input=stdin, env=env, capture_output=True, text=True)
+        done = subprocess.run(
+            ["kubectl", *args], input=stdin, env=env, capture_output=True, text=True
+        )
         if done.returncode == 0:
             return done
         if not transient(done.stderr) or time.monotonic() > deadline:
@@ -249,8 +262,9 @@ def scrape(kube: Kube, kind_env: KindEnv, url: str, timeout: float = 120) -> str
     """GET `url` from a pod of its own on the control-plane node, over the pod network (as a
     Prometheus in the cluster would); its body. The pod runs the operator image (Python), which
     scripts/kind-e2e.sh loads onto that node only."""
-    image = kubectl_json(kube, "-n", kind_env.operator_namespace, "get", "deployments")[
-        "items"][0]["spec"]["template"]["spec"]["containers"][0]["image"]
+    image = kubectl_json(kube, "-n", kind_env.operator_namespace, "get", "deployments")["items"][0][
+        "spec"
+    ]["template"]["spec"]["containers"][0]["image"]
     pod = f"scrape-{uuid.uuid4().hex[:6]}"
     script = (f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=10)"
               ".read().decode())")  # fmt: skip
