@@ -44,6 +44,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 RENDEZVOUS_SECONDS = 120.0
@@ -159,16 +160,55 @@ def _retry(what: str, call: Any) -> Any:
             time.sleep(1)
 
 
-def _hold(step: int) -> None:
+def _hold(step: int, serve: Callable[[str], None]) -> None:
     """`training.holdAtStep` (a test aid, as the trainer's): after that step's heartbeat (and its
-    commit, when one is due) wait until the pod's hold-release annotation shows in the control file.
-    Only the step itself holds: a run resumed past it goes on."""
-    from topotrain.contract import HOLD_RELEASE, control_path, read_control
+    commit, when one is due) wait until the pod's hold-release annotation shows in the control file,
+    serving checkpoint requests meanwhile as the trainer does (`serve(request)` saves the held
+    step naming it). Only the step itself holds: a run resumed past it goes on."""
+    from topotrain.contract import CHECKPOINT_REQUEST, HOLD_RELEASE, control_path, read_control
 
     emit(event="hold", step=step)
-    while not read_control(control_path()).get(HOLD_RELEASE):
+    while True:
+        control = read_control(control_path())
+        if control.get(HOLD_RELEASE):
+            break
+        serve(control.get(CHECKPOINT_REQUEST, ""))
         time.sleep(0.2)
     emit(event="released", step=step)
+
+
+class _Saver:
+    """Rank 0's checkpoints: periodic ones and those the operator asks for, each committed through
+    topotrain.checkpoints; remembers the last request served so that one is saved only once."""
+
+    def __init__(self, env: Any, store: Any, served: Any) -> None:
+        self.env, self.store, self.served = env, store, served
+
+    def new_request(self, asked: str) -> bool:
+        return bool(asked) and (self.served is None or asked != self.served.value)
+
+    def save(self, step: int, state: int, asked: str = "") -> None:
+        from topotrain.checkpoints import ServedRequest
+
+        env, store = self.env, self.store
+        requested = self.new_request(asked)
+        doc = json.dumps({"step": step, "state": state}).encode()
+        key = f"{store.step_key(step)}/{STATE_SHARD}"
+        if requested:
+            self.served = ServedRequest(asked, step)
+        request = self.served.value if self.served is not None else ""
+        _retry("shard", lambda: store.client.put_object(Bucket=store.bucket, Key=key, Body=doc))
+        _retry(
+            "commit", lambda: store.write_commit(step, {"dp": env.data}, len(doc), request=request)
+        )
+        _retry("retention", lambda: store.apply_retention(env.checkpoint_keep))
+        emit(event="commit", step=step, attempt=env.attempt, request=asked if requested else "")
+
+    def heartbeat(self, step: int) -> None:
+        try:
+            self.store.write_progress(step, self.env.attempt, request=self.served)
+        except Exception as err:  # the heartbeat is best effort; the next step writes it again
+            emit(event="store-error", what="progress", error=str(err)[:200])
 
 
 def run_rank0(env: Any, config: dict[str, Any]) -> int:
@@ -185,13 +225,18 @@ def run_rank0(env: Any, config: dict[str, Any]) -> int:
         resumed = _retry("commit", lambda: store.read_commit(env.resume_step))
         if resumed is not None and resumed.request:
             served = ServedRequest(resumed.request, env.resume_step)
-        body = _retry("load", lambda: store.client.get_object(
-            Bucket=store.bucket, Key=f"{store.step_key(env.resume_step)}/{STATE_SHARD}")["Body"].read())
+        body = _retry(
+            "load",
+            lambda: store.client.get_object(
+                Bucket=store.bucket, Key=f"{store.step_key(env.resume_step)}/{STATE_SHARD}"
+            )["Body"].read(),
+        )
         saved = json.loads(body)
         if int(saved["step"]) != env.resume_step:
             emit(event="exit", reason=f"checkpoint {env.resume_step} holds step {saved['step']}")
             return 1
         state, start = int(saved["state"]), env.resume_step + 1
+        emit(event="restored", step=env.resume_step, attempt=env.attempt)
     emit(event="start", attempt=env.attempt, resume=env.resume_step, data=env.data, pods=env.nnodes)
     try:  # retention once as the attempt starts, as the trainer does (Checkpointer.tidy)
         store.apply_retention(env.checkpoint_keep)
@@ -202,6 +247,7 @@ def run_rank0(env: Any, config: dict[str, Any]) -> int:
     except OSError as err:
         emit(event="exit", reason=f"rendezvous failed: {err}")
         return EXIT_PEER_LOST
+    saver = _Saver(env, store, served)
     for step in range(start, steps + 1):
         time.sleep(pace)
         if not _collective(conns, step):
@@ -212,25 +258,19 @@ def run_rank0(env: Any, config: dict[str, Any]) -> int:
         # A checkpoint request (the operator's annotation, read through the control file, as the
         # trainer does at every step boundary): save this step, naming the request, and go on.
         asked = read_control(control_path()).get(CHECKPOINT_REQUEST, "")
-        requested = bool(asked) and (served is None or asked != served.value)
-        periodic = bool(env.checkpoint_interval) and step % env.checkpoint_interval == 0
-        if periodic or requested:
-            doc = json.dumps({"step": step, "state": state}).encode()
-            key = f"{store.step_key(step)}/{STATE_SHARD}"
-            if requested:
-                served = ServedRequest(asked, step)
-            request = served.value if served is not None else ""
-            _retry("shard", lambda k=key, d=doc: store.client.put_object(Bucket=store.bucket, Key=k, Body=d))
-            _retry("commit", lambda s=step, d=doc, r=request: store.write_commit(
-                s, {"dp": env.data}, len(d), request=r))
-            _retry("retention", lambda: store.apply_retention(env.checkpoint_keep))
-            emit(event="commit", step=step, attempt=env.attempt, request=asked if requested else "")
-        try:
-            store.write_progress(step, env.attempt, request=served)
-        except Exception as err:  # the heartbeat is best effort; the next step writes it again
-            emit(event="store-error", what="progress", error=str(err)[:200])
+        if (
+            bool(env.checkpoint_interval) and step % env.checkpoint_interval == 0
+        ) or saver.new_request(asked):
+            saver.save(step, state, asked)
+        saver.heartbeat(step)
         if step == hold_at and env.attempt < hold_attempts:
-            _hold(step)
+
+            def serve(asked: str, step: int = step, state: int = state) -> None:
+                if saver.new_request(asked):
+                    saver.save(step, state, asked)
+                    saver.heartbeat(step)
+
+            _hold(step, serve)
     for conn in conns:
         with contextlib.suppress(OSError):
             conn.sendall(b"done\n")

@@ -7,8 +7,11 @@ Kueue preempt a running one, which checkpoints, stops, gives its quota back, is 
 the other finishes and resumes from that checkpoint with every step trained once; a job whose
 assigned node is lost is handed back to Kueue rather than take nodes Kueue promised to another
 admitted Workload. The real
-operator (the chart's RBAC), the real trainer (gloo on CPU), the pod process harness standing in
-for the kubelet.
+operator (the chart's RBAC) and the pod process harness standing in for the kubelet; the pods run
+the stand-in trainer (testbed/standin.py: the trainer's contract with the operator, checkpoints
+in the real layout, no torch), because these tests are about the operator and Kueue: what a
+checkpoint request, a stop and a resume do to the trainer itself is tested with the real one
+(tests/e2e/test_suspend.py, test_planned.py, tests/kind).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,9 +33,10 @@ from testbed.kueue_queues import Flavor, KueueQueues, pool_flavor, topology_leve
 from testbed.procs import wait_until
 from testbed.topology import GPU_RESOURCE, HOSTNAME_LABEL, parse_topology
 from tests.conftest import TESTBED_TOPOLOGY
-from tests.e2e.jobs import JOB_TIMEOUT, TRAINING, attempts, holding, last_step, of_kind, phase_is
+from tests.e2e.jobs import JOB_TIMEOUT, attempts, holding, last_step, of_kind, phase_is
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+STANDIN = Path(__file__).resolve().parents[2] / "testbed" / "standin.py"
 LOW, HIGH = "topotrain-e2e-low", "topotrain-e2e-high"
 
 
@@ -66,11 +71,12 @@ def _job(steps: int, priority: str | None = None, interval: int = 1000, hold: in
     if priority:
         worker["priorityClassName"] = priority
     return {
+        "command": ["python", str(STANDIN)],
         "parallelism": {"tensor": 1, "pipeline": 1, "data": 2},
         "worker": worker,
         "checkpoint": {"intervalSteps": interval, "keep": 3},
         "failurePolicy": {"backoffSeconds": 0, "maxRestarts": 0},
-        "training": holding({**TRAINING, "steps": steps}, at=hold),
+        "training": holding({"steps": steps, "stepSeconds": 0.2, "seed": 7}, at=hold),
     }
 
 
