@@ -240,4 +240,4 @@ export TOPOTRAIN_KIND_S3_ENDPOINT=http://s3.topotrain-s3.svc.cluster.local:7070
 export TOPOTRAIN_KIND_S3_SECRET=s3-credentials
 export TOPOTRAIN_KIND_OPERATOR_NAMESPACE=topotrain-system
 export TOPOTRAIN_KIND_HOST_SYSCTL="$state/host-sysctl-before.json"
-timed "pytest tests/kind" python -m pytest tests/kind -m kind -p no:cacheprovider "$@"
+timed "pytest tests/kind" python -m pytest tests/kind -m kind -p no:cacheprovider --durations=10 "$@"

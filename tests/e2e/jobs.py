@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from testbed.harness_proc import json_lines
+from testbed.harness_proc import events_by_attempt
 from testbed.harness_stack import Stack
 from tests.datasets import dataset_uri
 
@@ -69,12 +69,11 @@ def phase_is(phase: str) -> Callable[[dict[str, Any]], bool]:
 
 
 def attempts(stack: Stack, job: str) -> dict[int, list[dict[str, Any]]]:
-    """The trainer's JSON log lines per attempt (global rank 0 writes them)."""
+    """The trainer's JSON events per attempt (global rank 0 writes them). A pod kept across an
+    in-place restart logs several attempts in its one file: its supervisor's `workers_started`
+    names the attempt of the lines after it (by file name alone, they all counted as the first)."""
     assert stack.harness is not None
-    out: dict[int, list[dict[str, Any]]] = {}
-    for path in stack.harness.job_logs(stack.namespace, job):
-        out.setdefault(int(path.name[1:].split("-", 1)[0]), []).extend(json_lines([path]))
-    return out
+    return events_by_attempt(stack.harness.job_logs(stack.namespace, job))
 
 
 def of_kind(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
