@@ -54,7 +54,8 @@ kueue_build_start() {
 # priority, so that it fills the cores while the venv downloads, mypy runs on one core and the
 # testbed's Go builds wait on module downloads. Two lanes side by side, because one waits on the
 # network and the other on the CPU: (a) the Docker engine, the Debian and Python base images
-# (debootstrap), then the operator and trainer images (the trainer's is mostly wheel downloads);
+# (debootstrap), then the operator and trainer images (the trainer's is mostly wheel downloads)
+# and the node image's Debian packages (its first layer, found in the build cache later);
 # (b) every kind binary, Go and C: kind, crictl, containerd and CoreDNS first, which share
 # nothing with the testbed's Kubernetes build, then kubelet/kubeadm/kube-proxy, which by then find
 # the packages they share with it in the Go build cache. The kind preparation waits for both and
@@ -65,7 +66,7 @@ if [ $whole -eq 1 ]; then
   if [ "$kind" = 1 ]; then
     early_log=$(mktemp)
     stage begin kind-early
-    (nice -n 10 scripts/kind/images.sh operator trainer & lane_a=$!
+    (nice -n 10 scripts/kind/images.sh operator trainer node-packages & lane_a=$!
      c=0; nice -n 10 scripts/kind/build-bins.sh kind crictl containerd coredns kubernetes pause || c=$?
      wait "$lane_a" || c=1
      echo "end kind-early $SECONDS" >>"$stages"; exit $c) >"$early_log" 2>&1 &

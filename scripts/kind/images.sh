@@ -10,7 +10,8 @@
 #            image preloaded too (the cluster's workers; scripts/kind/cluster.sh)
 # Each is keyed by the hash of what goes into it and kept in the engine (the
 # node and base images also as tarballs under $TOPOTRAIN_CACHE/kind/images).
-# Usage: scripts/kind/images.sh [node|s3|operator|trainer|worker ...]  (default: all)
+# Usage: scripts/kind/images.sh [node|s3|operator|trainer|worker|node-packages ...]  (default: all
+# but node-packages, the node image's first layer, which `node` builds anyway)
 set -euo pipefail
 # shellcheck source=scripts/kind/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -68,6 +69,31 @@ ENTRYPOINT [\"/pause\"]"
   rm -rf "$ctx"
 }
 
+# The first layer of the node's base: its Debian packages (downloads and dpkg, minutes on a cold
+# machine). `images.sh node-packages` builds it alone, so that CI can build it early, beside the
+# Go builds the rest of the node image waits for; node_base then finds the layer in the build cache.
+node_packages() {
+  cat <<DOCKERFILE
+FROM $debian
+RUN apt-get update && apt-get install -y --no-install-recommends \
+      systemd runc containernetworking-plugins conntrack iptables nftables iproute2 \
+      ethtool util-linux mount kmod libseccomp2 pigz bash ca-certificates curl jq procps \
+ && rm -rf /var/lib/apt/lists/* \
+ && find /lib/systemd/system/sysinit.target.wants/ -name systemd-tmpfiles-setup.service -delete \
+ && rm -f /lib/systemd/system/multi-user.target.wants/* /etc/systemd/system/*.wants/* \
+      /lib/systemd/system/local-fs.target.wants/* /lib/systemd/system/sockets.target.wants/*udev* \
+      /lib/systemd/system/sockets.target.wants/*initctl* /lib/systemd/system/basic.target.wants/* \
+ && echo ReadKMsg=no >> /etc/systemd/journald.conf \
+ && ln -sf /usr/lib/systemd/systemd /sbin/init
+DOCKERFILE
+}
+build_node-packages() {
+  local ctx
+  ctx=$(mktemp -d)
+  node_packages | docker_build -q -t "$repo/kind-node-packages:$KUBERNETES_VERSION" -f - "$ctx" >/dev/null
+  rm -rf "$ctx"
+}
+
 # The node's base: Debian packages, kind's own base-image files (from the kind
 # module in the Go module cache), containerd/crictl built here, runc and the
 # CNI plugins from Debian, and topotrain-node-init in front of kind's entrypoint.
@@ -86,18 +112,7 @@ node_base() {
     "$repo" "$PAUSE_VERSION")
   tag="$repo/kind-node-base:$KUBERNETES_VERSION"
   if have_image "$tag" "$key"; then rm -rf "$ctx"; echo "$tag"; return 0; fi
-  cat > "$ctx/Dockerfile" <<DOCKERFILE
-FROM $debian
-RUN apt-get update && apt-get install -y --no-install-recommends \
-      systemd runc containernetworking-plugins conntrack iptables nftables iproute2 \
-      ethtool util-linux mount kmod libseccomp2 pigz bash ca-certificates curl jq procps \
- && rm -rf /var/lib/apt/lists/* \
- && find /lib/systemd/system/sysinit.target.wants/ -name systemd-tmpfiles-setup.service -delete \
- && rm -f /lib/systemd/system/multi-user.target.wants/* /etc/systemd/system/*.wants/* \
-      /lib/systemd/system/local-fs.target.wants/* /lib/systemd/system/sockets.target.wants/*udev* \
-      /lib/systemd/system/sockets.target.wants/*initctl* /lib/systemd/system/basic.target.wants/* \
- && echo ReadKMsg=no >> /etc/systemd/journald.conf \
- && ln -sf /usr/lib/systemd/systemd /sbin/init
+  { node_packages; cat <<DOCKERFILE
 COPY --chmod=0755 files/usr/local/bin/ /usr/local/bin/
 COPY files/kind/ /kind/
 COPY --chmod=0755 files/kind/bin/ /kind/bin/
@@ -120,6 +135,7 @@ ENV container=docker
 STOPSIGNAL SIGRTMIN+3
 ENTRYPOINT ["/usr/local/bin/topotrain-node-init", "/usr/local/bin/entrypoint", "/sbin/init"]
 DOCKERFILE
+  } > "$ctx/Dockerfile"
   docker_build -q -t "$tag" --label "io.topotrain.key=$key" "$ctx" >/dev/null
   rm -rf "$ctx"
   save_image "$tag" "$key"
