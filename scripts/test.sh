@@ -128,6 +128,8 @@ if [ "$kind" = 1 ]; then
    echo $c >"$kind_log.rc"; exit $c) >"$kind_log" 2>&1 &
   kind_prepare=$!
   kind_pending() { kill "$kind_prepare" 2>/dev/null && wait "$kind_prepare" 2>/dev/null; }
+  # Until the preparation has written its exit code (or died without one).
+  kind_prepared() { while [ ! -e "$kind_log.rc" ] && kill -0 "$kind_prepare" 2>/dev/null; do sleep 2; done; }
   trap kind_pending EXIT
 fi
 echo "== pytest (at ${SECONDS}s)"
@@ -189,10 +191,11 @@ if [ "$kind" = 1 ]; then
   # kind stage, which mostly waits on node start-up and the disk.
   start=$SECONDS
   echo "== kind (scripts/kind-e2e.sh: images, a kind cluster, tests/kind) when its preparation ends; beside it pytest tests/unit, then -m kueue (at ${SECONDS}s)"
-  (while [ ! -e "$kind_log.rc" ] && kill -0 "$kind_prepare" 2>/dev/null; do sleep 2; done
-   echo "== kind: preparation exit $(cat "$kind_log.rc" 2>/dev/null || echo '(none: it was killed)') (at ${SECONDS}s)"
+  (kind_prepared
+   prepare_code=$(cat "$kind_log.rc" 2>/dev/null || echo '(none: it was killed)')
+   echo "== kind: preparation exit $prepare_code (at ${SECONDS}s)"
    [ -n "$early" ] && { grep -E ' took |built|error' "$early_log" || true; }
-   if [ "$(cat "$kind_log.rc" 2>/dev/null)" = 0 ]; then grep -E ' took |prepared in' "$kind_log" || true; else tail -n 40 "$kind_log"; fi
+   if [ "$prepare_code" = 0 ]; then grep -E ' took |prepared in' "$kind_log" || true; else tail -n 40 "$kind_log"; fi
    # (after a failed preparation its builds run again here)
    echo "begin kind-stage $SECONDS" >>"$stages"
    c=0; scripts/kind-e2e.sh || c=$?; echo "end kind-stage $SECONDS" >>"$stages"; exit $c) &
@@ -209,7 +212,7 @@ if [ "$kind" = 1 ]; then
   [ $unit_code -eq 0 ] || code=1
   # The Kueue suite waits for the kind preparation: on a cold machine that is the critical path,
   # and the suite's processes at nice 0 would take the CPU from it.
-  while [ ! -e "$kind_log.rc" ] && kill -0 "$kind_prepare" 2>/dev/null; do sleep 2; done
+  kind_prepared
   kueue_out=$(mktemp)
   kueue_tests >"$kueue_out" 2>&1 || code=1
   cat "$kueue_out"

@@ -204,6 +204,12 @@ class _Saver:
         _retry("retention", lambda: store.apply_retention(env.checkpoint_keep))
         emit(event="commit", step=step, attempt=env.attempt, request=asked if requested else "")
 
+    def serve(self, step: int, state: int, asked: str) -> None:
+        """A request read while held at `step`: saved once, naming it, and the heartbeat says so."""
+        if self.new_request(asked):
+            self.save(step, state, asked)
+            self.heartbeat(step)
+
     def heartbeat(self, step: int) -> None:
         try:
             self.store.write_progress(step, self.env.attempt, request=self.served)
@@ -264,13 +270,7 @@ def run_rank0(env: Any, config: dict[str, Any]) -> int:
             saver.save(step, state, asked)
         saver.heartbeat(step)
         if step == hold_at and env.attempt < hold_attempts:
-
-            def serve(asked: str, step: int = step, state: int = state) -> None:
-                if saver.new_request(asked):
-                    saver.save(step, state, asked)
-                    saver.heartbeat(step)
-
-            _hold(step, serve)
+            _hold(step, lambda asked, held=step, now=state: saver.serve(held, now, asked))
     for conn in conns:
         with contextlib.suppress(OSError):
             conn.sendall(b"done\n")
