@@ -68,7 +68,7 @@ def test_kubectl_scale_shrinks_and_grows_the_data_degree(
             merged.update(losses(job.events()[attempt]))
         assert max(merged) == STEPS
         assert sorted(merged) == list(range(1, STEPS + 1)), "a step was never trained"
-        # the uninterrupted reference ran 12 steps with another schedule length; only
+        # the uninterrupted reference ran 8 steps with another schedule length; only
         # the first steps (warmup, before any resize) are comparable
         if REFERENCE:
             early = {s: v for s, v in merged.items() if s <= 2}
