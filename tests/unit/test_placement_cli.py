@@ -48,7 +48,7 @@ def run(files: dict[str, Path], *extra: str) -> list[str]:
 def test_json(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(run(files, "--output", "json")) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc) == {"feasible", "reason", "pool", "parallelism", "pods", "cost"}
+    assert set(doc) == {"feasible", "reason", "pool", "parallelism", "pods", "cost", "stepTime"}
     assert doc["feasible"] is True and doc["reason"] is None and doc["pool"] == "H100-80GB"
     assert doc["parallelism"] == {"tensor": 8, "pipeline": 2, "data": 2}  # 5 free nodes: 4 pods, data 2
     assert [p["ranks"] for p in doc["pods"]] == [[0, 7], [8, 15], [16, 23], [24, 31]]
@@ -64,7 +64,7 @@ def test_table_and_not_placeable(files: dict[str, Path], tmp_path: Path, capsys:
     files["job"] = write(tmp_path, "big.yaml", big)
     assert main(run(files, "-o", "json")) == 1
     doc = json.loads(capsys.readouterr().out)
-    assert doc["feasible"] is False and doc["pods"] == [] and doc["parallelism"] is None
+    assert doc["feasible"] is False and doc["pods"] == [] and doc["parallelism"] is None and doc["stepTime"] is None
     assert doc["reason"] == "pool H100-80GB: 40 free GPUs in 5 nodes, need 128 (16 pods x 8)"
 
 
@@ -167,3 +167,29 @@ def test_a_fleet_files_preload_holds_gpus_and_its_errors_name_the_file(
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "fleet.yaml" in err and "nodes_per_rack must be >= 1" in err
+
+
+def test_the_plan_shows_its_predicted_step_time(
+        files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The step-time model (docs/placement.md) on the printed plan, for spec.training's model and
+    batch; `--step-model` overrides its table and a bad override names the file and field."""
+    llama = {**JOB, "spec": {**JOB["spec"], "training": {"model": "8B", "seqLen": 4096, "globalBatch": 96,
+                                                         "microBatch": 1}}}
+    files["job"] = write(tmp_path, "llama.yaml", llama)
+    assert main(run(files)) == 0
+    out = capsys.readouterr().out
+    assert "predicted step " in out and "compute " in out and "TP " in out and "bubble " in out
+    assert "model 8B, seqLen 4096, globalBatch 96, microBatch 1; H100-80GB at 40% of 989" in out
+    assert main(run(files, "-o", "json")) == 0
+    step = json.loads(capsys.readouterr().out)["stepTime"]
+    parts = ("compute", "tensor", "pipeline", "data", "bubble")
+    assert step["seconds"] == pytest.approx(sum(step[k] for k in parts)) and step["microbatches"] == 48
+    # 4 pods on the 2 free nodes of rack 0 and 3 of rack 1: a pipeline pair and the DP rings cross racks
+    assert step["levels"] == {"tensor": "nvlink", "pipeline": "block", "data": "block"}
+    override = write(tmp_path, "links.json", '{"links": {"block": {"bandwidthGBps": 2.5}}, "utilisation": 0.8}')
+    assert main(run(files, "-o", "json", "--step-model", str(override))) == 0
+    slower_links = json.loads(capsys.readouterr().out)["stepTime"]
+    assert slower_links["data"] > 5 * step["data"] and slower_links["compute"] == pytest.approx(step["compute"] / 2)
+    bad = write(tmp_path, "bad.json", '{"links": {"rack": {"latencyUs": -3}}}')
+    assert main(run(files, "--step-model", str(bad))) == 2
+    assert f"{bad}: links.rack.latencyUs: must be >= 0" in capsys.readouterr().err

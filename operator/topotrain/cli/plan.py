@@ -4,6 +4,10 @@
     kubectl get pods -A -o yaml > pods.yaml
     topotrain plan --nodes nodes.yaml --pods pods.yaml --job job.yaml [--output table|json|svg]
 
+The plan comes with its predicted step time (docs/placement.md, "Step-time model") for the
+model and batch of `spec.training`; `--step-model FILE` overrides the model's link table,
+utilisation or GPU peaks (JSON).
+
 `--nodes` also takes a fleet file (examples/clusters/*.yaml, the testbed's topology files):
     topotrain plan --nodes examples/clusters/nvl72.yaml --job examples/large-3d.yaml
 
@@ -25,6 +29,8 @@ import yaml
 from topotrain.cli.fleet_file import node_manifest, parse_topology, plan_nodes, preload_pod_manifest
 from topotrain.contract import rank_coords
 from topotrain.placement import GangRequest, Plan, plan
+from topotrain.placement.steptime import StepTime, predict_plan
+from topotrain.placement.steptime_tables import Assumptions, StepTimeError, Workload
 from topotrain.placement.svg import render
 from topotrain.placement.topology import Inventory, TopologyLevels
 
@@ -56,6 +62,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rack-label", default=defaults.rack, help="node label of the rack level")
     parser.add_argument("--nvlink-label", default=defaults.nvlink, help="node label of the NVLink domain")
     parser.add_argument("--product-label", default=defaults.product, help="node label of the GPU pool")
+    parser.add_argument("--step-model", type=Path, metavar="FILE",
+                        help="JSON overriding the step-time model's links, utilisation or peakTflops")
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -68,25 +76,44 @@ def run_plan(args: argparse.Namespace) -> int:
         nodes, preloaded = load_nodes(args.nodes)
         pods = load_list(args.pods, "Pod") if args.pods else preloaded
         inventory = _inventory(args, nodes, pods, levels, name, spec)
-    except InputError as exc:
+        assumptions = Assumptions.from_file(args.step_model) if args.step_model else Assumptions()
+    except (InputError, StepTimeError) as exc:
         print(f"topotrain plan: {exc}", file=sys.stderr)
         return 2
     result = plan(request, inventory)
+    step = step_time(result, request, inventory, spec.training, assumptions)
     try:
-        _write(args.output, result, request, inventory)
+        _write(args.output, result, request, inventory, step)
     except BrokenPipeError:  # `topotrain plan ... | head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0 if result.feasible else 1
 
 
-def _write(output: str, result: Plan, request: GangRequest, inventory: Inventory) -> None:
+def step_time(
+    result: Plan, request: GangRequest, inventory: Inventory, training: Any, assumptions: Assumptions,
+) -> StepTime | str:
+    """The plan's predicted step time, or why there is none."""
+    if not result.feasible:
+        return "no plan"
+    try:
+        workload = Workload.from_training(training)
+        return predict_plan(result, request, inventory.pools().get(result.pool or "", []), workload, assumptions)
+    except StepTimeError as exc:
+        return str(exc)
+
+
+def _write(output: str, result: Plan, request: GangRequest, inventory: Inventory, step: StepTime | str) -> None:
     if output == "json":
-        print(json.dumps(result.to_json(), indent=2))
+        doc = result.to_json()
+        doc["stepTime"] = step.as_dict() if isinstance(step, StepTime) else None
+        print(json.dumps(doc, indent=2))
     elif output == "svg":
         pool = result.pool or (request.gpu_types[0] if request.gpu_types else next(iter(inventory.pools()), ""))
         sys.stdout.write(render(result, request, inventory.pools().get(pool, [])))
     else:
-        print(table(result, request, inventory))
+        print(table(result, request, inventory, step))
+    if isinstance(step, str) and result.feasible:
+        print(f"topotrain plan: step time not predicted: {step}", file=sys.stderr)
 
 
 def _inventory(
@@ -174,7 +201,7 @@ def _load_yaml(path: Path) -> Any:
         raise InputError(f"{path}: not valid YAML: {exc}") from None
 
 
-def table(result: Plan, request: GangRequest, inventory: Inventory) -> str:
+def table(result: Plan, request: GangRequest, inventory: Inventory, step: StepTime | str = "") -> str:
     """Human-readable plan: one line per pod with its node's domains, stages and replicas."""
     if not result.feasible or result.parallelism is None:
         return f"not placeable: {result.reason}"
@@ -187,6 +214,8 @@ def table(result: Plan, request: GangRequest, inventory: Inventory) -> str:
         f"(pipeline {cost.pipeline}, data {cost.data}); free GPUs stranded on used nodes "
         f"{result.fragmentation.on_used_nodes}, in used racks {result.fragmentation.in_used_racks}",
         f"strategy {result.strategy}",
+        *([f"predicted {step.describe()}", f"  ({step.basis})"] if isinstance(step, StepTime)
+          else [f"step time not predicted: {step or '-'}"]),
         f"{'POD':>4} {'RANKS':>11} {'NODE':20} {'BLOCK':8} {'RACK':8} {'NVLINK':16} {'STAGES':8} REPLICAS",
     ]
     t, p, d = par["tensor"], par["pipeline"], par["data"]

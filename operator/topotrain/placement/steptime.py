@@ -50,6 +50,7 @@ class StepTime:
     bubble: float
     microbatches: float
     levels: dict[str, str] = field(default_factory=dict)
+    basis: str = ""  # the workload and GPU it assumed, in words
 
     @property
     def total(self) -> float:
@@ -60,11 +61,12 @@ class StepTime:
         return {
             "seconds": self.total, "compute": self.compute, "tensor": self.tp, "pipeline": self.pp,
             "data": self.dp, "bubble": self.bubble, "microbatches": self.microbatches,
-            "levels": dict(self.levels),
+            "levels": dict(self.levels), "basis": self.basis,
         }
 
     def describe(self) -> str:
-        """One line: total and breakdown in ms, with the level each kind of traffic crosses."""
+        """One line: total and breakdown, with the level of the slowest link each kind of traffic
+    crosses (the innermost domain its two ends share: nvlink, rack, block; else cross-block)."""
         lv = self.levels
         return (
             f"step {_ms(self.total)} = compute {_ms(self.compute)} + TP {_ms(self.tp)} ({lv.get('tensor', '-')})"
@@ -74,7 +76,9 @@ class StepTime:
 
 
 def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.1f} ms"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.3g} µs"
 
 
 def span_level(index: DomainIndex, nodes: Iterable[int]) -> int:
@@ -128,6 +132,9 @@ def predict(
     return StepTime(
         compute=m * compute, tp=m * tp, pp=m * pp, dp=dp, bubble=(p - 1) * (compute + tp + pp),
         microbatches=m, levels={k: LEVEL_NAMES[v] for k, v in levels.items()},
+        basis=f"model {workload.model}, seqLen {workload.seq_len}, globalBatch {workload.global_batch}, "
+        f"microBatch {workload.micro_batch}; {product} at {table.utilisation:.0%} of {table.peak(product):g} "
+        "dense BF16 TFLOPS",
     )
 
 
