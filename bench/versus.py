@@ -9,7 +9,9 @@ runs) gets bench/scale_workload.py's fleet (H100 and A100 pools of 8-GPU nodes i
 blocks), then filler pods bound to random nodes holding `--used` of the GPUs in 1-8 GPU
 pieces (the fragmented cluster; they stay for both systems). First the placement phase
 (bench/versus_placement.py): per filler seed and job shape, each system places that one
-job alone on the same free GPUs, and the cost model is evaluated on both; then the recovery
+job alone on the same free GPUs, and the cost model and the step-time model (docs/placement.md,
+"Step-time model": the predicted step of each system's placement, with the ratio) are
+evaluated on both; then the recovery
 phase (bench/versus_recovery.py): the largest job alone under each system on the stream's
 fillers, the node of its pod 0 deleted, timed until it all runs again. Then the stream,
 one system after the other, on that same state:
@@ -22,7 +24,8 @@ one system after the other, on that same state:
 
 Only one system's controllers run at a time. Measured per system, by the same pod poll:
 apply -> all pods Running per job, admissions per minute (jobs Running over first apply ->
-last Running), the cost model of docs/placement.md on the nodes each gang got; then a node
+last Running), the cost model and the predicted step time of docs/placement.md on the nodes
+each gang got; then a node
 loss (the Node object of a gang's pod 0 deleted, as a machine leaving) under one chosen job:
 time until the gang is all Running again off that node and the pods created meanwhile.
 The node and its filler pods are put back before the next system. `--yaml DIR` writes the

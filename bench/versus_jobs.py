@@ -1,5 +1,6 @@
 """bench/versus.py's jobs, pure: each benchmark job as a Kueue user writes it (a JobSet), the
-filler pods that fragment the fleet, and the cost model evaluated on the nodes a gang got.
+filler pods that fragment the fleet, and the cost model and the step-time model evaluated on
+the nodes a gang got.
 
 A JobSet gets what `topotrain.core.kueue` asks of Kueue for the same TrainingJob, as annotations
 on its pod template: the gang preferred inside one block
@@ -26,6 +27,8 @@ from topotrain.api.spec import TrainingJobSpec
 from topotrain.core.kueue import topology_request
 from topotrain.placement import GangRequest, Mesh, evaluate
 from topotrain.placement.cost import DomainIndex
+from topotrain.placement.steptime import predict
+from topotrain.placement.steptime_tables import Workload
 from topotrain.placement.topology import Inventory, NodeInfo, TopologyLevels
 
 from testbed.binaries import KEEP_RUNNING_LABEL
@@ -42,6 +45,15 @@ JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 FILLER_NAMESPACE = "versus-filler"
 FILLER_SIZES = (1, 2, 4, 8, 8, 8, 8)  # GPUs a filler pod holds: whole nodes 4 times in 7
+# What each gang is taken to train when its step time is predicted (docs/placement.md,
+# "Step-time model"; the bench's jobs run no trainer): the Llama 3 8B shape, 4,096 tokens a
+# sample, one sample a micro-batch and 16 micro-batches a replica, so the global batch grows
+# with the data degree (weak scaling) and every gang does the same work per GPU.
+STEP_MODEL, STEP_SEQ_LEN, STEP_MICROBATCHES = "8B", 4096, 16
+
+
+def step_workload(data: int) -> Workload:
+    return Workload(STEP_MODEL, STEP_SEQ_LEN, STEP_MICROBATCHES * data, 1)
 
 
 def kueue_annotations(shape: JobShape, topology: str, levels: TopologyLevels) -> dict[str, str]:
@@ -131,25 +143,28 @@ def filler_pods(nodes: Sequence[tuple[str, int]], used: float, seed: int) -> lis
 
 @dataclass(frozen=True)
 class Placed:
-    """Where one gang ran: node per pod index, and the cost model on those nodes."""
+    """Where one gang ran: node per pod index, the cost model on those nodes and the predicted
+    seconds of one training step of `step_workload` there."""
 
     nodes: tuple[str, ...]
     cost: int
     rack: int
     block: int
+    step: float | None = None
 
 
 def placement_cost(
     shape: JobShape, pod_nodes: Mapping[int, str], pools: Mapping[str, list[NodeInfo]]
 ) -> Placed | None:
-    """docs/placement.md's cost of the gang on `pod_nodes` (pod index -> node), at the data
-    degree it got; None when the indices are not 0..n-1 of one pool in whole replicas."""
+    """docs/placement.md's cost and predicted step time of the gang on `pod_nodes` (pod index ->
+    node, mapped back to the fleet's topology by name), at the data degree it got; None when
+    the indices are not 0..n-1 of one pool in whole replicas."""
     count = len(pod_nodes)
     per_replica = shape.tensor * shape.pipeline // GPUS_PER_POD
     if not count or count % per_replica or sorted(pod_nodes) != list(range(count)):
         return None
-    pool = next((nodes for nodes in pools.values()
-                 if {n.name for n in nodes} >= set(pod_nodes.values())), None)  # fmt: skip
+    product, pool = next(((product, nodes) for product, nodes in pools.items()
+                          if {n.name for n in nodes} >= set(pod_nodes.values())), ("", None))  # fmt: skip
     if pool is None:
         return None
     index = DomainIndex(pool)
@@ -157,8 +172,11 @@ def placement_cost(
     request = GangRequest(tensor=shape.tensor, pipeline=shape.pipeline,
                           data=count // per_replica, gpus_per_pod=GPUS_PER_POD)  # fmt: skip
     assign = [position[pod_nodes[i]] for i in range(count)]
-    cost = evaluate(Mesh.build(request), index, assign)
-    return Placed(tuple(pod_nodes[i] for i in range(count)), cost.total, cost.rack, cost.block)
+    mesh = Mesh.build(request)
+    cost = evaluate(mesh, index, assign)
+    step = predict(mesh, index, assign, step_workload(request.data), product)
+    return Placed(tuple(pod_nodes[i] for i in range(count)), cost.total, cost.rack, cost.block,
+                  step.total)  # fmt: skip
 
 
 def fleet_pools(node_dicts: Sequence[Mapping[str, Any]]) -> dict[str, list[NodeInfo]]:

@@ -12,7 +12,9 @@ system on the fleet:
   read as nodes in assignment order (= rank order: Kueue's TAS gives JobSet pods the
   domains in that order by completion index), the Workload deleted.
 
-Both costs come from the cost model of docs/placement.md (`versus_jobs.placement_cost`).
+Both costs come from the cost model of docs/placement.md, and both predicted step times from its
+step-time model, on the nodes each system chose (`versus_jobs.placement_cost` maps Kueue's node
+names back to the fleet's topology).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""bench/versus.py's tables: placement cost per job, latency and admissions, recovery after a
-node loss, and what each system cannot express, as rows."""
+"""bench/versus.py's tables: placement cost and predicted step time per job, latency and
+admissions, recovery after a node loss, and what each system cannot express, as rows."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import math
 from collections.abc import Sequence
 
-from versus_jobs import Placed
+from versus_jobs import STEP_MICROBATCHES, STEP_MODEL, STEP_SEQ_LEN, Placed
 from versus_results import PlacementResult, SystemResult
 
 # What a user of each system can ask for, from the benchmark's own job kinds and the docs
@@ -80,6 +80,8 @@ def print_report(results: Sequence[SystemResult], args: argparse.Namespace) -> i
     print(f"\ngeo-mean cost ratio ({theirs.system} / {ours.system}) over {len(logs)} jobs placed "
           f"by both at the same size: {fmt(geo)}x; jobs where {ours.system} costs more: "
           f"{len(worse)} {worse if worse else ''}\n")  # fmt: skip
+    print_steps([(shape.name, ours.placed.get(shape.name), theirs.placed.get(shape.name))
+                 for shape in ours.shapes], ours.system, theirs.system)  # fmt: skip
     lat_rows = []
     for result in results:
         lat = result.latencies()
@@ -164,6 +166,8 @@ def print_placement(result: PlacementResult, ours: str, theirs: str,
         ["placed by neither", str(only["neither"])],
     ])  # fmt: skip
     print()
+    print_steps([(f"{inst.shape.name}@{inst.seed}", inst.ours, inst.theirs)
+                 for inst in result.instances], ours, theirs)  # fmt: skip
     if result.recovery:
         print(f"### Node loss on identical state ({result.recovery_seconds:.0f}s)\n\n"
               "The job alone under each system on the same fillers; the node of its pod 0 "
@@ -175,6 +179,42 @@ def print_placement(result: PlacementResult, ours: str, theirs: str,
              str(row.recovery.pods_created) if row.recovery else "-"]
             for row in result.recovery])  # fmt: skip
         print()
+
+
+def step_ratio(ours: Placed | None, theirs: Placed | None) -> float | None:
+    """Their predicted step time over ours, for two placements of the same job at one size."""
+    if ours is None or theirs is None or len(ours.nodes) != len(theirs.nodes):
+        return None
+    if not ours.step or not theirs.step:
+        return None
+    return theirs.step / ours.step
+
+
+def print_steps(jobs: Sequence[tuple[str, Placed | None, Placed | None]], ours: str,
+                theirs: str) -> list[float]:  # fmt: skip
+    """The predicted step time (docs/placement.md, "Step-time model") of each system's
+    placement of the same job, with the ratio; returns the ratios."""
+    print(f"Predicted step time (docs/placement.md's step-time model: Llama 3 {STEP_MODEL} shape, "
+          f"seqLen {STEP_SEQ_LEN}, {STEP_MICROBATCHES} micro-batches of 1 a replica) on the nodes "
+          "each system gave the same job\n")  # fmt: skip
+    rows, ratios, slower = [], [], []
+    for name, a, b in jobs:
+        ratio = step_ratio(a, b)
+        if ratio is not None:
+            ratios.append(ratio)
+            if ratio < 1:
+                slower.append(name)
+        rows.append([name, _step(a), _step(b), "-" if ratio is None else f"{ratio:.3f}x"])
+    table(["job", f"{ours} step s", f"{theirs} step s", "their step / ours"], rows)
+    geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else float("nan")
+    print(f"\ngeo-mean predicted step ratio ({theirs} / {ours}) over {len(ratios)} jobs placed by "
+          f"both at the same size: {geo:.3f}x; worst {min(ratios, default=float('nan')):.3f}x; "
+          f"jobs where {ours}'s step is slower: {len(slower)} {' '.join(slower)}\n")  # fmt: skip
+    return ratios
+
+
+def _step(placed: Placed | None) -> str:
+    return "-" if placed is None or placed.step is None else f"{placed.step:.3f}"
 
 
 def _pool(placed: Placed) -> str:
