@@ -48,6 +48,16 @@ def test_a_dp_ring_across_two_blocks_is_slower_than_inside_one_block() -> None:
     assert cross.dp == pytest.approx(2 * block.dp, rel=0.01)
 
 
+def test_rings_that_leave_a_rack_less_often_get_more_of_its_uplink() -> None:
+    """Both gangs' DP rings cross racks of one block; two pods a rack share the rack's uplink
+    between twice the GPUs, so their flows run at the NIC's 50 GB/s instead of 25."""
+    index, at = _index(hgx([2, 2, 2, 2]))
+    paired = _step({"data": 4}, index, [at["n0-0"], at["n0-1"], at["n1-0"], at["n1-1"]])
+    spread = _step({"data": 4}, index, [at["n0-0"], at["n1-0"], at["n2-0"], at["n3-0"]])
+    assert paired.levels["data"] == spread.levels["data"] == "block"
+    assert spread.dp == pytest.approx(2 * paired.dp, rel=0.01)
+
+
 def test_more_micro_batches_shrink_the_bubble() -> None:
     index, _ = _index(hgx([4]))
     fractions = []
@@ -76,9 +86,10 @@ def test_overriding_the_table_changes_the_prediction() -> None:
     index, at = _index(hgx([2, 2], blocks=2))
     cross = [at["n0-0"], at["n1-0"]]
     default = _step({"data": 2}, index, cross)
-    faster = Assumptions.from_json({"links": {"crossBlock": {"bandwidthGBps": 50, "latencyUs": 8}}})
+    flat = {"bandwidthGBps": 50, "latencyUs": 8}  # uplinks as fast as the NIC: a non-blocking fabric
+    faster = Assumptions.from_json({"links": {"block": flat, "crossBlock": flat}})
     assert _step({"data": 2}, index, cross, assumptions=faster).dp == pytest.approx(
-        _step({"data": 2}, index, [at["n0-0"], at["n0-1"]]).dp)  # as fast as the rack now
+        _step({"data": 2}, index, [at["n0-0"], at["n0-1"]]).dp)  # as fast as inside the rack now
     slower = _step({"data": 2}, index, cross, assumptions=Assumptions.from_json({"utilisation": 0.2}))
     assert slower.compute == pytest.approx(2 * default.compute) and slower.dp == default.dp
     own = _step({}, index, [0], product="X1", assumptions=Assumptions.from_json({"peakTflops": {"X1": 100}}))

@@ -6,37 +6,40 @@ the workload (model, batch) and the GPU product; tables and assumptions are in
 
 - compute: 6 x params x tokens FLOPs, split over the tp x pp ranks of a replica, at
   `utilisation` of the GPU's peak dense BF16;
-- tensor parallel: 4 ring all-reduces of the activation (micro-batch x seqLen x hidden) per
-  layer of the stage (2 forward, 2 backward, as Megatron's layers), each over the slowest
-  link of the slowest TP group: 2(t-1) x (alpha + S / (t x bandwidth));
+- tensor parallel: 4 ring all-reduces of the activation A (micro-batch x seqLen x hidden) per
+  layer of the stage (2 forward, 2 backward, as Megatron's layers): 2(t-1) hops of A/t;
 - pipeline: the activation forward and its gradient backward between consecutive stages,
-  each TP rank sending its 1/t slice on its own link, across the slowest stage boundary;
+  each TP rank sending its 1/t slice on its own link;
 - the bubble: (p - 1) micro-batch slots of compute + TP + PP (1F1B or GPipe alike), so a
   fraction (p - 1)/(m + p - 1) of the pipeline's time;
-- data parallel, once a step and not overlapped: a reduce-scatter of the gradient and an
-  all-gather of the parameters of the rank's shard (params / (t x pp)), each a ring over the
-  d replicas, (d-1) x (alpha + shard / (d x bandwidth)), at the slowest link of the slowest
-  DP group (the ring visits the domains it spans once each, so its slowest hop sets the pace).
+- data parallel, once a step: a reduce-scatter of the gradient and an all-gather of the
+  parameters of the rank's shard (params / (t x pp)), each a ring over the d replicas in
+  topology order (it leaves each domain it spans once): 2(d-1) hops of shard/d.
 
-Nothing else overlaps: step = compute + TP + PP + bubble + DP.
+A hop costs alpha + bytes / bandwidth at the level of the innermost domain its two nodes share
+(`LinkTable`); a hop that leaves a rack (or a block) also shares that domain's uplink with the
+gang's other flows leaving it in the same phase (`Fabric`). All hops of a phase run at once and
+the slowest sets the pace (the step is synchronous). Nothing overlaps:
+step = compute + TP + PP + bubble + DP.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from topotrain.placement.cost import DomainIndex
 from topotrain.placement.model import Plan
 from topotrain.placement.request import GangRequest, Mesh
-from topotrain.placement.steptime_tables import Assumptions, Link, StepTimeError, Workload
+from topotrain.placement.steptime_tables import Assumptions, LinkTable, StepTimeError, Workload
 from topotrain.placement.topology import NodeInfo
 
 LEVEL_NAMES = ("nvlink", "rack", "block", "cross-block")
 BYTES = 2  # bf16 activations, gradients and parameters on the wire
 TP_ALL_REDUCES_PER_LAYER = 4  # forward: after attention and after the MLP; backward: the same two
 
-__all__ = ["LEVEL_NAMES", "StepTime", "StepTimeError", "predict", "predict_plan", "span_level"]
+__all__ = ["LEVEL_NAMES", "Fabric", "StepTime", "StepTimeError", "predict", "predict_plan", "ring_hops", "span_level"]
 
 
 @dataclass(frozen=True)
@@ -91,11 +94,53 @@ def span_level(index: DomainIndex, nodes: Iterable[int]) -> int:
     return 1 if len({index.clique[n] for n in members}) > 1 else 0
 
 
-def ring_phase(size: float, ranks: int, link: Link) -> float:
-    """A reduce-scatter or an all-gather of `size` bytes over a ring of `ranks`."""
-    if ranks <= 1:
-        return 0.0
-    return (ranks - 1) * (link.latency_s + size / ranks / link.bytes_per_s)
+Hop = tuple[int, int, int]  # (from node, to node, flows: rank pairs sending at once)
+
+
+class Fabric:
+    """The links a placement's traffic crosses: a GPU's own (NVLink, its NIC) and the uplinks of
+    its rack and block. The gang owns its GPUs' share of an uplink (the table's per-GPU figure
+    x its GPUs under it, as if every other GPU there used its own share), split evenly among the
+    gang's flows through it in one phase: fewer crossings, faster flows."""
+
+    def __init__(self, index: DomainIndex, assign: Sequence[int], gpus_per_pod: int, links: LinkTable) -> None:
+        self.index, self.links = index, links
+        self.doms = (index.rack, index.block)
+        self.gpus: tuple[Counter[int], Counter[int]] = (Counter(), Counter())  # per rack id, per block id
+        for node in assign:
+            self.gpus[0][index.rack[node]] += gpus_per_pod
+            self.gpus[1][index.block[node]] += gpus_per_pod
+
+    def slowest(self, hops: Sequence[Hop], size: float) -> tuple[float, int]:
+        """(seconds, level) of the slowest of these simultaneous hops of `size` bytes a flow; an
+        NVLink hop at least (ranks of one pod talk over NVLink)."""
+        level_of = [span_level(self.index, (a, b)) for a, b, _ in hops]
+        out: tuple[Counter[int], Counter[int]] = (Counter(), Counter())
+        into: tuple[Counter[int], Counter[int]] = (Counter(), Counter())
+        for (a, b, flows), level in zip(hops, level_of, strict=True):
+            for up in range(level - 1):  # a block hop leaves its rack; a cross-block one its block too
+                out[up][self.doms[up][a]] += flows
+                into[up][self.doms[up][b]] += flows
+        nvlink = self.links.nvlink
+        worst, worst_level = nvlink.latency_s + size / nvlink.bytes_per_s, 0
+        for (a, b, _), level in zip(hops, level_of, strict=True):
+            bandwidth = (nvlink if level == 0 else self.links.rack).bytes_per_s
+            for up in range(level - 1):
+                share = (self.links.block, self.links.cross_block)[up].bytes_per_s
+                for dom in (self.doms[up][a], self.doms[up][b]):
+                    bandwidth = min(bandwidth, self.gpus[up][dom] * share / max(out[up][dom], into[up][dom]))
+            seconds = self.links.at(level).latency_s + size / bandwidth
+            if seconds > worst:
+                worst, worst_level = seconds, level
+        return worst, worst_level
+
+
+def ring_hops(index: DomainIndex, nodes: Iterable[int], flows: int) -> list[Hop]:
+    """A ring through these nodes in topology order: it leaves each domain it spans once."""
+    order = sorted(set(nodes), key=lambda n: (index.block[n], index.rack[n], index.clique[n], n))
+    if len(order) < 2:
+        return []
+    return [(a, order[(i + 1) % len(order)], flows) for i, a in enumerate(order)]
 
 
 def predict(
@@ -112,23 +157,20 @@ def predict(
     tokens = workload.micro_batch * workload.seq_len
     compute = 6.0 * shape.params * tokens / (t * p) / (table.peak(product) * 1e12 * table.utilisation)
     activation = float(tokens * shape.dim * BYTES)
+    fabric = Fabric(index, assign, req.gpus_per_pod, table.links)
     levels: dict[str, int] = {}
-    tp = 0.0
-    if t > 1:
-        levels["tensor"] = _tp_level(mesh, index, assign)
-        per_stage = -(-shape.layers // p)
-        all_reduce = 2 * ring_phase(activation, t, table.links.at(levels["tensor"]))
-        tp = TP_ALL_REDUCES_PER_LAYER * per_stage * all_reduce
-    pp = 0.0
-    if p > 1:
-        levels["pipeline"] = max((span_level(index, (assign[a], assign[b])) for a, b, _ in mesh.pp_pairs), default=0)
-        link = table.links.at(levels["pipeline"])
-        pp = 2 * (link.latency_s + activation / t / link.bytes_per_s)
-    dp = 0.0
-    if d > 1:
-        levels["data"] = max(span_level(index, (assign[i] for i in members)) for members, _ in mesh.dp_groups)
-        shard = shape.params / (t * p) * BYTES
-        dp = 2 * ring_phase(shard, d, table.links.at(levels["data"]))
+    tp = pp = dp = 0.0
+    if t > 1:  # a ring all-reduce: reduce-scatter + all-gather, 2(t-1) hops of activation/t
+        hop, levels["tensor"] = fabric.slowest(_tp_hops(mesh, index, assign), activation / t)
+        tp = TP_ALL_REDUCES_PER_LAYER * -(-shape.layers // p) * 2 * (t - 1) * hop
+    if p > 1:  # forward and backward; each TP rank sends its 1/t slice
+        pairs = [(assign[a], assign[b], flows) for a, b, flows in mesh.pp_pairs]
+        hop, levels["pipeline"] = fabric.slowest(pairs, activation / t)
+        pp = 2 * hop
+    if d > 1:  # reduce-scatter + all-gather of the rank's shard, 2(d-1) hops of shard/d
+        rings = [h for members, flows in mesh.dp_groups for h in ring_hops(index, (assign[i] for i in members), flows)]
+        hop, levels["data"] = fabric.slowest(rings, shape.params / (t * p) * BYTES / d)
+        dp = 2 * (d - 1) * hop
     return StepTime(
         compute=m * compute, tp=m * tp, pp=m * pp, dp=dp, bubble=(p - 1) * (compute + tp + pp),
         microbatches=m, levels={k: LEVEL_NAMES[v] for k, v in levels.items()},
@@ -138,14 +180,14 @@ def predict(
     )
 
 
-def _tp_level(mesh: Mesh, index: DomainIndex, assign: Sequence[int]) -> int:
-    """The slowest link inside any TP group: a group of t > gpusPerPod ranks is t/g consecutive
-    pods (tp is the innermost dimension of both rank orders); a smaller one is inside a pod."""
+def _tp_hops(mesh: Mesh, index: DomainIndex, assign: Sequence[int]) -> list[Hop]:
+    """The TP rings' hops between pods: a group of t > gpusPerPod ranks is t/g consecutive pods
+    (tp is the innermost dimension of both rank orders); a smaller one is inside a pod."""
     t, g = mesh.request.tensor, mesh.request.gpus_per_pod
     if t <= g:
-        return 0
-    per_group = t // g
-    return max(span_level(index, assign[i:i + per_group]) for i in range(0, mesh.pods, per_group))
+        return []
+    k = t // g
+    return [h for i in range(0, mesh.pods, k) for h in ring_hops(index, assign[i:i + k], 1)]
 
 
 def _check(mesh: Mesh, index: DomainIndex, assign: Sequence[int]) -> None:
