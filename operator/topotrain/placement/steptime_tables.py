@@ -8,8 +8,9 @@ One table each, with the sources stated beside it (docs/placement.md, "Step-time
 - `PEAK_TFLOPS`: published peak dense BF16 TFLOPS per GPU, keyed by the
   `nvidia.com/gpu.product` values the fleet files use, with family fallbacks for other
   spellings (NVIDIA's feature discovery writes e.g. `NVIDIA-H100-80GB-HBM3`);
-- `LinkTable`: per-GPU bandwidth (GB/s, one direction) and latency (µs) of the link between
-  two GPUs, by the innermost level the two share.
+- `LinkTable`: bandwidth (GB/s, one direction, per GPU) and latency (µs) by the innermost
+  level two GPUs share: NVLink; a GPU's NIC (same rack); its share of the rack's uplink when
+  every GPU of the rack sends out (same block); its share of the block's uplink likewise.
 
 `Assumptions.from_json` overrides any of them (`topotrain plan --step-model FILE`).
 """
@@ -99,13 +100,15 @@ class Link:
 @dataclass(frozen=True)
 class LinkTable:
     """The link between two GPUs by the innermost level they share (defaults: an HGX H100
-    fleet with one 400 Gb/s NIC per GPU, a rail-optimised leaf per rack, a spine per block
-    oversubscribed 2:1 and a core between blocks oversubscribed 4:1)."""
+    fleet with one 400 Gb/s NIC per GPU, a leaf switch per rack, a spine per block with the
+    racks' uplinks oversubscribed 2:1, and a core with the blocks' uplinks oversubscribed 4:1).
+    `block` and `cross_block` are a GPU's share of an uplink when all GPUs under it use it;
+    a flow gets up to its NIC's `rack` figure when fewer share it (steptime.Fabric)."""
 
     nvlink: Link = Link(450.0, 5.0)  # NVLink 4: 900 GB/s both ways per H100
     rack: Link = Link(50.0, 8.0)  # 400 Gb/s per GPU through the rack's leaf switch
-    block: Link = Link(25.0, 12.0)  # through the block's spine, 2:1
-    cross_block: Link = Link(12.5, 20.0)  # through the core, 4:1
+    block: Link = Link(25.0, 12.0)  # the rack's uplink to the block's spine, 2:1, per GPU
+    cross_block: Link = Link(12.5, 20.0)  # the block's uplink to the core, 4:1, per GPU of the block
 
     def at(self, level: int) -> Link:
         return (self.nvlink, self.rack, self.block, self.cross_block)[level]
