@@ -74,7 +74,8 @@ def test_quick_versus_runs_both_systems_and_prints_every_table(
     for heading in ("| seed | job | pods asked |", "| summary | value |", "| job | pods asked |",
                     "| system | jobs Running |", "| system | node deleted |",
                     "| system | restart | job | pods | node deleted |",
-                    "| can a user express |"):  # fmt: skip
+                    "| can a user express |",
+                    "| job | topotrain step s | Kueue TAS + JobSet step s | their step / ours |"):  # fmt: skip
         assert heading in out, out
     both = next(line for line in out.splitlines() if "instances placed by both" in line)
     assert int(both.split("|")[2]) > 0, out
