@@ -123,6 +123,8 @@ def test_a_missing_or_infeasible_placement_is_refused() -> None:
         _step({"data": 2}, index, [0, 1], Workload("8B", 4096, 2, 2))
     with pytest.raises(StepTimeError, match=r"training\.model: '405B' is not one of"):
         Workload.from_training({"model": "405B"})
+    with pytest.raises(StepTimeError, match=r"training\.seqLen: must be an integer >= 1"):
+        Workload.from_training({"model": "8B", "seqLen": "4k"})
 
 
 def test_a_planners_plan_is_predicted_on_its_pool() -> None:

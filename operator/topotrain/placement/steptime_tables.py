@@ -223,7 +223,8 @@ class Workload:
         if self.model not in MODELS:
             raise StepTimeError(f"training.model: {self.model!r} is not one of {', '.join(MODELS)}")
         for f in fields(self)[1:]:
-            if not isinstance(getattr(self, f.name), int) or getattr(self, f.name) < 1:
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise StepTimeError(f"training.{_camel(f.name)}: must be an integer >= 1")
 
     @property
