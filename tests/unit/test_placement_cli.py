@@ -193,3 +193,15 @@ def test_the_plan_shows_its_predicted_step_time(
     bad = write(tmp_path, "bad.json", '{"links": {"rack": {"latencyUs": -3}}}')
     assert main(run(files, "--step-model", str(bad))) == 2
     assert f"{bad}: links.rack.latencyUs: must be >= 0" in capsys.readouterr().err
+
+
+def test_a_plan_on_a_gpu_of_unknown_peak_says_why_it_has_no_step_time(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    nodes = write(tmp_path, "t4.yaml", {"apiVersion": "v1", "kind": "List", "items": hgx([2], product="T4")})
+    job = write(tmp_path, "job.yaml", {**JOB, "spec": {**JOB["spec"], "parallelism": {"tensor": 8, "pipeline": 1,
+                                                                                      "data": 2},
+                                                       "worker": {"gpusPerPod": 8, "gpuTypes": ["T4"]}}})
+    assert main(["--nodes", str(nodes), "--job", str(job), "-o", "json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["stepTime"] is None and json.loads(captured.out)["feasible"] is True
+    assert "step time not predicted: GPU product 'T4': no peak BF16 TFLOPS known" in captured.err
