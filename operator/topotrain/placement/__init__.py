@@ -5,7 +5,8 @@
 
 `topology.py` builds the inventory the planner works on (pools, the topology tree, free
 GPUs) from nodes and pods; `request.py` turns a spec into a gang and its mesh; `planner.py`
-lists the planner's steps; `recovery.py` re-plans after failures and for shrinks. This
+lists the planner's steps; `recovery.py` re-plans after failures and for shrinks;
+`steptime.py` predicts the training step time a placement gives (docs/placement.md). This
 package imports only `api` and the shared top-level modules, never `core`, `controller` or
 `cli` (the import-linter contract in pyproject.toml).
 """
