@@ -40,7 +40,8 @@ def reference_run(
         foreach=False,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(config))
-    loader = BatchLoader(dataset, config.seed, config.global_batch, data=1, dp_rank=0)
+    loader = BatchLoader(dataset, config.seed, config.global_batch, data=1, dp_rank=0,
+                         lengths=config.length_stages())
     micro = config.global_batch // config.micro_batch
     losses, norms = [], []
     for step in range(steps or config.steps):

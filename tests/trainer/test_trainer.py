@@ -268,7 +268,10 @@ def test_s3_outage_during_async_save_fails_that_checkpoint_only(
 
 
 def test_3d_parallel_matches_single_process_reference(tmp_path: Path) -> None:
-    config = training(tmp_path, steps=3, schedule="1f1b")
+    """tp=2, pp=2, dp=2 against the single-process reference, across a sequence-length change
+    (training.seqLenSchedule: windows of 16 for two steps, then whole 32-token samples): the
+    pipeline's schedule is built again for the new activation shape, on every stage at once."""
+    config = training(tmp_path, steps=3, schedule="1f1b", seq_len_schedule="0:16;2:32")
     run = TrainerRun(trainer_env(tensor=2, pipeline=2, data=2, training=config))
     assert run.finish() == 0, run.tail()
     ref_losses, ref_norms = reference_run(TrainingConfig.from_mapping(config))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from tokenizers import Tokenizer
 from topotrain_trainer.data import (
     INDEX,
@@ -16,7 +17,8 @@ from topotrain_trainer.data import (
     model_vocab,
     synthetic_sentences,
 )
-from topotrain_trainer.sampler import FeistelPermutation, Mixture, Sampler, parse_mixture
+from topotrain_trainer.config import ConfigError, TrainingConfig
+from topotrain_trainer.sampler import FeistelPermutation, Mixture, Sampler, parse_lengths, parse_mixture
 from topotrain_trainer.shards import DirStore, S3Store, ShardReader
 from topotrain_trainer.tokens import END_OF_DOCUMENT, eod_id, prepare_dataset, train_bpe
 
@@ -139,6 +141,41 @@ def test_a_batch_of_a_mixture_reads_each_row_from_its_dataset(tmp_path: Path) ->
     assert set(chosen.tolist()) == {0, 1}
     expected = np.stack([datasets[k].sample(i) for k, i in zip(chosen, indices, strict=True)])
     assert np.array_equal(loader.batch_at(16)[0].numpy(), expected[:, :-1])
+
+
+def test_a_sequence_length_schedule_trains_the_same_tokens_as_windows_from_its_step(tmp_path: Path) -> None:
+    """training.seqLenSchedule: from step 2 on (counters 16..), each 16-token sample trains as
+    four windows of 4 tokens, the sample's windows together; the targets are the inputs'
+    next tokens, so a step trains the same tokens and targets in shorter contexts. A loader
+    started anywhere (a resume, at any data degree) cuts the same windows."""
+    prepared(DirStore(tmp_path / "ds"))
+    plain = BatchLoader(TokenDataset(tmp_path / "ds", 16), 7, 8, data=1, dp_rank=0)
+    lengths = parse_lengths("0:16; 2:4", 16)
+    loader = BatchLoader(TokenDataset(tmp_path / "ds", 16), 7, 8, data=1, dp_rank=0, lengths=lengths)
+    for consumed in (0, 8):  # steps 0 and 1: whole samples
+        assert all(torch.equal(a, b) for a, b in zip(loader.batch_at(consumed), plain.batch_at(consumed), strict=True))
+    inputs, targets = loader.batch_at(16)
+    whole_inputs, whole_targets = plain.batch_at(16)
+    assert inputs.shape == targets.shape == (32, 4)
+    assert torch.equal(inputs[4:8].flatten(), whole_inputs[1])  # sample 1's four windows
+    assert torch.equal(targets.reshape(8, 16), whole_targets)
+    assert torch.equal(inputs[:, 1:], targets[:, :-1])  # each window predicts its next token
+    ranks = [BatchLoader(TokenDataset(tmp_path / "ds", 16), 7, 8, data=2, dp_rank=r, lengths=lengths)
+             for r in range(2)]  # fmt: skip
+    assert torch.equal(torch.cat([r.batch_at(16)[0] for r in ranks]), inputs)
+
+
+@pytest.mark.parametrize("text", ["", "1:8", "0:8;0:4", "0:8;4:3", "0:x", "0:0", "0:32"])
+def test_a_sequence_length_schedule_that_cannot_be_trained_is_refused_by_name(text: str) -> None:
+    raw = {"seqLen": 16, "seqLenSchedule": text or ";"}
+    with pytest.raises(ConfigError, match=r"training\.seqLenSchedule="):
+        TrainingConfig.from_mapping(raw)
+
+
+def test_a_sequence_length_schedule_names_each_steps_length() -> None:
+    config = TrainingConfig.from_mapping({"seqLen": 64, "seqLenSchedule": "0:16;100:32;200:64"})
+    assert [config.length_at(s) for s in (0, 99, 100, 199, 200, 10**6)] == [16, 16, 32, 32, 64, 64]
+    assert TrainingConfig.from_mapping({"seqLen": 64}).length_at(5) == 64
 
 
 @pytest.mark.s3

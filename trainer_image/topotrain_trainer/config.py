@@ -21,7 +21,7 @@ from topotrain.degrees import DEFAULT_GLOBAL_BATCH, DEFAULT_MICRO_BATCH, DEFAULT
 from topotrain_sdk.contract import EXIT_BAD_CONFIG as EXIT_BAD_CONFIG
 from topotrain_sdk.contract import EXIT_PEER_LOST as EXIT_PEER_LOST
 from topotrain_trainer.model import MODEL_CONFIGS
-from topotrain_trainer.sampler import MixStage, parse_mixture
+from topotrain_trainer.sampler import LengthStage, MixStage, length_at, parse_lengths, parse_mixture
 
 SCHEDULES = ("1f1b", "gpipe")
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -48,6 +48,10 @@ class TrainingConfig:
     # several datasets, comma-separated in `dataset`, drawn with these weights by step:
     # "STEP:W1,W2;STEP:W1,W2" (sampler.parse_mixture; default: equal weights throughout)
     mixture: str = ""
+    # a sequence-length schedule, "STEP:LENGTH;STEP:LENGTH" from step 0, each length dividing
+    # seq_len: from each step on a sample of seq_len tokens trains as seq_len / LENGTH windows of
+    # LENGTH (the same tokens a step; default: seq_len throughout)
+    seq_len_schedule: str = ""
     # Hugging Face Llama weights (safetensors + config.json; a directory or s3://bucket/prefix) to
     # start from, and where to write the trained weights in that format at the end (hf.py)
     init_weights: str = ""
@@ -123,6 +127,7 @@ class TrainingConfig:
         if self.lr <= 0:
             raise ConfigError(f"training.lr={self.lr}: must be > 0")
         self.mix_stages()
+        self.length_stages()
 
     def datasets(self) -> list[str]:
         return [d.strip() for d in self.dataset.split(",") if d.strip()]
@@ -136,6 +141,19 @@ class TrainingConfig:
             return parse_mixture(text, len(self.datasets()))
         except ValueError as err:
             raise ConfigError(f"training.mixture={self.mixture!r}: {err}") from None
+
+    def length_stages(self) -> tuple[LengthStage, ...]:
+        """training.seqLenSchedule's stages; () when it is not set."""
+        if not self.seq_len_schedule:
+            return ()
+        try:
+            return parse_lengths(self.seq_len_schedule, self.seq_len)
+        except ValueError as err:
+            raise ConfigError(f"training.seqLenSchedule={self.seq_len_schedule!r}: {err}") from None
+
+    def length_at(self, step: int) -> int:
+        """The sequence length optimizer step `step` (0-based) trains at."""
+        return length_at(self.length_stages(), step, self.seq_len)
 
     def check_mesh(self, tensor: int, pipeline: int, data: int) -> None:
         """Reject what cannot run on this (tp, pp, dp) mesh, naming the rule."""

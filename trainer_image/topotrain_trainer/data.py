@@ -37,7 +37,7 @@ import numpy.typing as npt
 import torch
 
 from topotrain_trainer.config import ConfigError
-from topotrain_trainer.sampler import MixStage, Mixture
+from topotrain_trainer.sampler import LengthStage, MixStage, Mixture, length_at
 from topotrain_trainer.shards import (
     DatasetStore,
     DirStore,
@@ -221,6 +221,18 @@ class TokenDataset:
         return row
 
 
+def windows(tokens: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples of seq_len + 1 tokens, one a row, as (inputs, targets) of `length` tokens: each
+    sample's seq_len / length consecutive windows, a row each, the sample's windows together (so
+    a microbatch of rows is still a set of whole samples). Window j trains on tokens
+    j*length .. (j+1)*length - 1 and predicts the token after each: the same tokens and targets
+    as the whole sample, in shorter attention contexts."""
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    if length != inputs.shape[1]:
+        inputs, targets = inputs.reshape(-1, length), targets.reshape(-1, length)
+    return inputs.contiguous(), targets.contiguous()
+
+
 @dataclass
 class Batch:
     counter: int
@@ -233,16 +245,18 @@ class BatchLoader:
 
     `reads`: False on a pipeline's middle stages, which take activations, not tokens (their
     batches are empty and nothing is read). `pin`: page-locked host tensors, so that the copy to
-    a GPU can be asynchronous (`non_blocking=True`).
+    a GPU can be asynchronous (`non_blocking=True`). `lengths`: training.seqLenSchedule, each
+    sample cut into windows of the step's length (`windows`).
     """
 
     def __init__(self, dataset: TokenDataset | Sequence[TokenDataset], seed: int, global_batch: int,
                  data: int, dp_rank: int, prefetch: int = 2, *, reads: bool = True, pin: bool = False,
-                 stages: Sequence[MixStage] = ()) -> None:  # fmt: skip
+                 stages: Sequence[MixStage] = (), lengths: Sequence[LengthStage] = ()) -> None:  # fmt: skip
         self.datasets = [dataset] if isinstance(dataset, TokenDataset) else list(dataset)
         self.dataset = self.datasets[0]
         self.mixture = Mixture([len(d) for d in self.datasets], seed, global_batch, stages)
         self.global_batch = global_batch
+        self.lengths = tuple(lengths)
         self.local_batch = global_batch // data
         self.dp_rank = dp_rank
         self.reads, self.pin = reads, pin
@@ -263,11 +277,13 @@ class BatchLoader:
         return rows
 
     def batch_at(self, consumed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(inputs, targets) of shape (local_batch, seq_len) for the step starting at `consumed`."""
+        """(inputs, targets) of shape (local_batch, seq_len) for the step starting at `consumed`;
+        (local_batch * seq_len / length, length) in a stage of training.seqLenSchedule."""
         if not self.reads:
             return torch.empty((0, 0), dtype=torch.int64), torch.empty((0, 0), dtype=torch.int64)
         tokens = torch.from_numpy(self.rows(consumed + self.dp_rank * self.local_batch))
-        inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+        length = length_at(self.lengths, consumed // self.global_batch, self.dataset.seq_len)
+        inputs, targets = windows(tokens, length)
         if self.pin:
             inputs, targets = inputs.pin_memory(), targets.pin_memory()
         return inputs, targets

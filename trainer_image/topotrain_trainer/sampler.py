@@ -128,6 +128,44 @@ def parse_mixture(text: str, datasets: int) -> tuple[MixStage, ...]:
     return tuple(stages)
 
 
+@dataclass(frozen=True)
+class LengthStage:
+    """From optimizer step `from_step` on, each sample trains as windows of `length` tokens."""
+
+    from_step: int
+    length: int
+
+
+def parse_lengths(text: str, seq_len: int) -> tuple[LengthStage, ...]:
+    """`training.seqLenSchedule`: "STEP:LENGTH;STEP:LENGTH" (the first stage at step 0), each
+    length dividing seqLen, the samples' length; ValueError naming what is wrong."""
+    stages: list[LengthStage] = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        step, _, length = part.partition(":")
+        try:
+            stage = LengthStage(int(step), int(length))
+        except ValueError:
+            raise ValueError(f"stage {part!r}: STEP:LENGTH, two whole numbers") from None
+        if stage.length < 1 or seq_len % stage.length:
+            raise ValueError(f"stage {part!r}: the length must divide seqLen ({seq_len})")
+        stages.append(stage)
+    if not stages or stages[0].from_step != 0 or any(
+        a.from_step >= b.from_step for a, b in itertools.pairwise(stages)
+    ):
+        raise ValueError("stages must start at step 0 and increase")
+    return tuple(stages)
+
+
+def length_at(stages: Sequence[LengthStage], step: int, seq_len: int) -> int:
+    """The sequence length optimizer step `step` (0-based) trains at; seq_len without stages."""
+    length = seq_len
+    for stage in stages:
+        if stage.from_step > step:
+            break
+        length = stage.length
+    return length
+
+
 class Mixture:
     """Which dataset, and which of its samples, each global counter trains on.
 

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from topotrain.checkpoints import CheckpointStore
 from topotrain.contract import TrainerEnv
+from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 from torch.optim.lr_scheduler import LambdaLR
 
 from topotrain_sdk.job import Job as SdkJob
@@ -66,6 +67,7 @@ def train(env: TrainerEnv, config: TrainingConfig) -> None:
                 break
         started = time.perf_counter()
         inputs, targets = job.loader.next(progress.consumed_samples)
+        job.use_length(progress.step)
         loss, grad_norm = job.train_step(inputs, targets)
         progress.step += 1
         progress.consumed_samples += config.global_batch
@@ -149,24 +151,19 @@ class Job:
                               f"({[d.vocab_size for d in datasets]}): tokenize them with one tokenizer")  # fmt: skip
         self.model_config, self.model = self.build_model(datasets[0].vocab_size)
         self.microbatches = config.microbatches(mesh.data)
-        self.schedule = (
-            build_schedule(self.model, mesh, config.schedule, self.microbatches)
-            if mesh.pipeline > 1
-            else None
-        )
+        self.schedule: PipelineScheduleSingle | None = None  # built by use_length, pipeline > 1
+        self.length = 0  # the sequence length the schedule and the throughput figures are for
         self.optimizer, self.scheduler = make_optimizer(self.model, config)
         self.progress = Progress()
         self.load_seconds = 0.0  # restoring the checkpoint, reported with the first step
         self.app = AppState(self.model, self.optimizer, self.scheduler, self.progress)
         rank = dist.get_rank()
         self.metrics = Metrics(rank, int(os.environ.get("LOCAL_RANK", "0")), config.metrics_port)
-        self.metrics.throughput(self.model_config.flops_per_token(config.seq_len), dist.get_world_size(),
-                                mesh.device)  # fmt: skip
         # Only the first stage (inputs) and the last (targets) read; a rank reads its samples only.
         self.loader = BatchLoader(
             datasets, config.seed, config.global_batch, mesh.data, mesh.dp_rank,
             reads=mesh.is_first_stage or mesh.is_last_stage, pin=mesh.device.type == "cuda",
-            stages=config.mix_stages(),
+            stages=config.mix_stages(), lengths=config.length_stages(),
         )  # fmt: skip
         self.checkpointer: Checkpointer | None = None
         self.checkpoint_wait = 0.0  # seconds the last step waited for a checkpoint copy
@@ -243,6 +240,19 @@ class Job:
         waits, so a hold longer than progressTimeoutSeconds is a hang."""
         return self.session.hold(step, self.app)
 
+    def use_length(self, step: int) -> None:
+        """Before optimizer step `step` (0-based): its sequence length (training.seqLenSchedule).
+        A pipeline stage sends and receives activations of one shape, so a new length builds the
+        schedule again; every rank does so at the same step (the length is the step's)."""
+        length = self.config.length_at(step)
+        if length == self.length:
+            return
+        self.length = length
+        if self.mesh.pipeline > 1:
+            self.schedule = build_schedule(self.model, self.mesh, self.config.schedule, self.microbatches)
+        self.metrics.throughput(self.model_config.flops_per_token(length), dist.get_world_size(),
+                                self.mesh.device)  # fmt: skip
+
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[float, float]:
         """One optimizer step over this rank's share of the global batch: (loss, grad norm)."""
         device = self.mesh.device
@@ -260,7 +270,9 @@ class Job:
 
     def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor, local: torch.Tensor) -> None:
         """Gradients of this rank's microbatches; `local` accumulates the last stage's loss."""
-        if self.schedule is not None:
+        if self.mesh.pipeline > 1:
+            if self.schedule is None:
+                raise RuntimeError("Job.use_length(step) builds the pipeline schedule before a step")
             losses: list[torch.Tensor] = []
             if self.mesh.is_first_stage:
                 self.schedule.step(inputs)
