@@ -159,10 +159,12 @@ class Job:
         self.app = AppState(self.model, self.optimizer, self.scheduler, self.progress)
         rank = dist.get_rank()
         self.metrics = Metrics(rank, int(os.environ.get("LOCAL_RANK", "0")), config.metrics_port)
-        # Only the first stage (inputs) and the last (targets) read; a rank reads its samples only.
+        # Only the first stage (inputs) and the last (targets) read, and of a tensor-parallel group
+        # only its first rank (share_batch); a rank reads its data rank's samples only.
+        self.reads = mesh.is_first_stage or mesh.is_last_stage
         self.loader = BatchLoader(
             datasets, config.seed, config.global_batch, mesh.data, mesh.dp_rank,
-            reads=mesh.is_first_stage or mesh.is_last_stage, pin=mesh.device.type == "cuda",
+            reads=self.reads and mesh.tp_rank == 0, pin=mesh.device.type == "cuda",
             stages=config.mix_stages(), lengths=config.length_stages(),
         )  # fmt: skip
         self.checkpointer: Checkpointer | None = None
@@ -255,8 +257,7 @@ class Job:
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[float, float]:
         """One optimizer step over this rank's share of the global batch: (loss, grad norm)."""
-        device = self.mesh.device
-        inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        inputs, targets = self.share_batch(inputs, targets)
         local = torch.zeros((), dtype=torch.float64, device=self.mesh.device)
         with loss_context(self.mesh):
             self.forward_backward(inputs, targets, local)
@@ -267,6 +268,22 @@ class Job:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return self.global_loss(local), grad_norm
+
+    def share_batch(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's batch on the device. A tensor-parallel group trains on one batch: its first
+        rank read it (the others' loaders read nothing) and broadcasts it over the group, so the
+        dataset is read once per data rank and stage, not once per tensor rank."""
+        mesh = self.mesh
+        inputs, targets = inputs.to(mesh.device, non_blocking=True), targets.to(mesh.device, non_blocking=True)
+        if mesh.tensor == 1 or not self.reads:
+            return inputs, targets
+        if mesh.tp_rank == 0:
+            both = torch.stack([inputs, targets])
+        else:  # the shape is the step's: (local batch x windows a sample, length)
+            rows = self.config.global_batch // mesh.data * (self.config.seq_len // self.length)
+            both = torch.empty((2, rows, self.length), dtype=torch.int64, device=mesh.device)
+        dist.broadcast(both, group=mesh.device_mesh["tp"].get_group(), group_src=0)
+        return both[0], both[1]
 
     def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor, local: torch.Tensor) -> None:
         """Gradients of this rank's microbatches; `local` accumulates the last stage's loss."""
