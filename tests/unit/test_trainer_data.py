@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from tokenizers import Tokenizer
+from topotrain_trainer.config import ConfigError, TrainingConfig
 from topotrain_trainer.data import (
     INDEX,
     BatchLoader,
@@ -17,8 +18,13 @@ from topotrain_trainer.data import (
     model_vocab,
     synthetic_sentences,
 )
-from topotrain_trainer.config import ConfigError, TrainingConfig
-from topotrain_trainer.sampler import FeistelPermutation, Mixture, Sampler, parse_lengths, parse_mixture
+from topotrain_trainer.sampler import (
+    FeistelPermutation,
+    Mixture,
+    Sampler,
+    parse_lengths,
+    parse_mixture,
+)
 from topotrain_trainer.shards import DirStore, S3Store, ShardReader
 from topotrain_trainer.tokens import END_OF_DOCUMENT, eod_id, prepare_dataset, train_bpe
 
