@@ -93,7 +93,7 @@ kueue_tests() {
   if [ $c -ne 0 ]; then tail -n 40 "$kueue_log" >&2; echo "testbed/build.sh kueue jobset failed (exit $c)" >&2; return 1; fi
   echo "== pytest -m kueue (Kueue and JobSet beside the testbed; build waited $((SECONDS - start))s, at ${SECONDS}s)"
   stage begin pytest-kueue
-  nice -n "${kueue_nice:-0}" python -m pytest tests -m kueue --durations=10 && stage end pytest-kueue
+  python -m pytest tests -m kueue --durations=10 && stage end pytest-kueue
 }
 testbed_wait() {
   local start=$SECONDS c=0
@@ -221,11 +221,6 @@ if [ "$kind" = 1 ]; then
   # and the suite's processes at nice 0 would take the CPU from it.
   kind_prepared
   kueue_out=$(mktemp)
-  # At the kind cluster's priority: the Docker engine that runs its nodes was started by the
-  # early lane at nice 10 (scripts/kind/engine.sh), and every node process inherits it, so at
-  # nice 0 the Kueue suite took most of the CPU from the kind tests beside it (alone 720 s, beside
-  # it 981 s, warm, fec89db) while the kind stage is the longer of the two.
-  kueue_nice=10
   kueue_tests >"$kueue_out" 2>&1 || code=1
   cat "$kueue_out"
   wait "$kind_prepare" 2>/dev/null
