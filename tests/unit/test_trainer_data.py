@@ -22,6 +22,7 @@ from topotrain_trainer.sampler import (
     FeistelPermutation,
     Mixture,
     Sampler,
+    length_at,
     parse_lengths,
     parse_mixture,
 )
@@ -180,8 +181,9 @@ def test_a_sequence_length_schedule_that_cannot_be_trained_is_refused_by_name(te
 
 def test_a_sequence_length_schedule_names_each_steps_length() -> None:
     config = TrainingConfig.from_mapping({"seqLen": 64, "seqLenSchedule": "0:16;100:32;200:64"})
-    assert [config.length_at(s) for s in (0, 99, 100, 199, 200, 10**6)] == [16, 16, 32, 32, 64, 64]
-    assert TrainingConfig.from_mapping({"seqLen": 64}).length_at(5) == 64
+    stages = config.length_stages()
+    assert [length_at(stages, s, 64) for s in (0, 99, 100, 199, 200, 10**6)] == [16, 16, 32, 32, 64, 64]
+    assert length_at(TrainingConfig.from_mapping({"seqLen": 64}).length_stages(), 5, 64) == 64
 
 
 @pytest.mark.s3

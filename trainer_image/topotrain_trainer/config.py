@@ -21,7 +21,7 @@ from topotrain.degrees import DEFAULT_GLOBAL_BATCH, DEFAULT_MICRO_BATCH, DEFAULT
 from topotrain_sdk.contract import EXIT_BAD_CONFIG as EXIT_BAD_CONFIG
 from topotrain_sdk.contract import EXIT_PEER_LOST as EXIT_PEER_LOST
 from topotrain_trainer.model import MODEL_CONFIGS
-from topotrain_trainer.sampler import LengthStage, MixStage, length_at, parse_lengths, parse_mixture
+from topotrain_trainer.sampler import LengthStage, MixStage, parse_lengths, parse_mixture
 
 SCHEDULES = ("1f1b", "gpipe")
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -150,10 +150,6 @@ class TrainingConfig:
             return parse_lengths(self.seq_len_schedule, self.seq_len)
         except ValueError as err:
             raise ConfigError(f"training.seqLenSchedule={self.seq_len_schedule!r}: {err}") from None
-
-    def length_at(self, step: int) -> int:
-        """The sequence length optimizer step `step` (0-based) trains at."""
-        return length_at(self.length_stages(), step, self.seq_len)
 
     def check_mesh(self, tensor: int, pipeline: int, data: int) -> None:
         """Reject what cannot run on this (tp, pp, dp) mesh, naming the rule."""

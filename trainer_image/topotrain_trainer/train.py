@@ -34,6 +34,7 @@ from topotrain_trainer.parallel import (
     init_distributed,
     loss_context,
 )
+from topotrain_trainer.sampler import length_at
 from topotrain_trainer.shards import open_store
 from topotrain_trainer.weights import export, job_model, load_initial
 
@@ -153,6 +154,7 @@ class Job:
         self.microbatches = config.microbatches(mesh.data)
         self.schedule: PipelineScheduleSingle | None = None  # built by use_length, pipeline > 1
         self.length = 0  # the sequence length the schedule and the throughput figures are for
+        self.lengths = config.length_stages()  # training.seqLenSchedule, parsed once
         self.optimizer, self.scheduler = make_optimizer(self.model, config)
         self.progress = Progress()
         self.load_seconds = 0.0  # restoring the checkpoint, reported with the first step
@@ -165,7 +167,7 @@ class Job:
         self.loader = BatchLoader(
             datasets, config.seed, config.global_batch, mesh.data, mesh.dp_rank,
             reads=self.reads and mesh.tp_rank == 0, pin=mesh.device.type == "cuda",
-            stages=config.mix_stages(), lengths=config.length_stages(),
+            stages=config.mix_stages(), lengths=self.lengths,
         )  # fmt: skip
         self.checkpointer: Checkpointer | None = None
         self.checkpoint_wait = 0.0  # seconds the last step waited for a checkpoint copy
@@ -246,7 +248,7 @@ class Job:
         """Before optimizer step `step` (0-based): its sequence length (training.seqLenSchedule).
         A pipeline stage sends and receives activations of one shape, so a new length builds the
         schedule again; every rank does so at the same step (the length is the step's)."""
-        length = self.config.length_at(step)
+        length = length_at(self.lengths, step, self.config.seq_len)
         if length == self.length:
             return
         self.length = length
