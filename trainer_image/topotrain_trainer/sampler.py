@@ -103,6 +103,13 @@ class Sampler:
         return out
 
 
+def _check_starts(starts: Sequence[int]) -> None:
+    """A schedule by step (training.mixture, training.seqLenSchedule): its stages' first steps
+    start at 0 and increase; ValueError otherwise."""
+    if not starts or starts[0] != 0 or any(a >= b for a, b in itertools.pairwise(starts)):
+        raise ValueError("stages must start at step 0 and increase")
+
+
 @dataclass(frozen=True)
 class MixStage:
     """From optimizer step `from_step` on, counters draw from the datasets with these weights."""
@@ -121,10 +128,7 @@ def parse_mixture(text: str, datasets: int) -> tuple[MixStage, ...]:
         if len(values) != datasets or min(values) < 0 or sum(values) <= 0:
             raise ValueError(f"stage {part!r}: {datasets} weights >= 0, not all 0")
         stages.append(MixStage(int(step), values))
-    if not stages or stages[0].from_step != 0 or any(
-        a.from_step >= b.from_step for a, b in itertools.pairwise(stages)
-    ):
-        raise ValueError("stages must start at step 0 and increase")
+    _check_starts([stage.from_step for stage in stages])
     return tuple(stages)
 
 
@@ -149,10 +153,7 @@ def parse_lengths(text: str, seq_len: int) -> tuple[LengthStage, ...]:
         if stage.length < 1 or seq_len % stage.length:
             raise ValueError(f"stage {part!r}: the length must divide seqLen ({seq_len})")
         stages.append(stage)
-    if not stages or stages[0].from_step != 0 or any(
-        a.from_step >= b.from_step for a, b in itertools.pairwise(stages)
-    ):
-        raise ValueError("stages must start at step 0 and increase")
+    _check_starts([stage.from_step for stage in stages])
     return tuple(stages)
 
 
