@@ -254,3 +254,28 @@ def test_a_status_write_from_a_stale_view_of_the_phase_is_refused(cluster: Clust
     after = cluster.status("held")
     assert after["phase"] == current["phase"] and after.get("reason") != "StaleReplica"
 
+
+
+def test_a_gang_deleted_with_preconditions_gets_the_grace_the_operator_asked_for(
+    kube: Kube, namespace: str
+) -> None:
+    """The operator deletes a gang's pods with preconditions (uid, resourceVersion) in the body and
+    its own grace period (1 s for a gang with a rank on a lost node, whose SIGTERM save cannot
+    commit). The real API server reads a delete's options from its body alone: a grace only in
+    the query was ignored, and the kubelet gave the pods their own 30 s. Held Terminating by a
+    test finalizer, the pod shows the grace it was given."""
+    from topotrain.controller.kube import Kube as OperatorKube
+
+    node = kube.core.list_node().items[0].metadata.name
+    pod = kube.core.create_namespaced_pod(namespace, {
+        "metadata": {"name": "graced", "finalizers": [HOLD]},
+        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 30,
+                 "containers": [{"name": "c", "image": "busybox"}]},
+    })  # fmt: skip
+    seen = {"graced": (pod.metadata.uid, "")}  # (KWOK writes its status meanwhile)
+    try:
+        assert OperatorKube(kube.api).delete_pods(namespace, ["graced"], 1, seen) == []
+        deleted = kube.core.read_namespaced_pod("graced", namespace).metadata
+        assert deleted.deletion_timestamp is not None and deleted.deletion_grace_period_seconds == 1
+    finally:
+        kube.core.patch_namespaced_pod("graced", namespace, {"metadata": {"finalizers": None}})

@@ -201,6 +201,20 @@ def test_node_not_ready_replaces_only_its_pod_on_a_spare() -> None:
     assert d.status.last_failure.reason == Reason.NODE_NOT_READY  # type: ignore[union-attr]
 
 
+def test_a_gang_with_a_rank_on_a_lost_node_is_deleted_without_waiting_for_its_save() -> None:
+    """Its healthy ranks' SIGTERM checkpoint cannot commit without the lost node's ranks: they are
+    deleted with a grace of 1 s, so the next attempt does not wait 30 s for their GPUs. A crashed
+    rank on a healthy node leaves the others their grace period (they may still save)."""
+    obs = running_job()
+    nodes = {**obs.nodes, "n2": NodeView("n2", ready=False)}
+    lost, _ = run(obs, pods=gang(0), nodes=nodes)
+    assert lost.delete and lost.delete_now
+    pods = list(gang(0))
+    pods[3] = replace(pods[3], phase="Failed", exit_code=1)
+    crashed, _ = run(obs, pods=tuple(pods))
+    assert crashed.delete and not crashed.delete_now
+
+
 def test_node_loss_without_spare_shrinks_to_min_data() -> None:
     obs = running_job()
     planner = FakePlanner(capacity=2, spare=[])

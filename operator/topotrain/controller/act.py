@@ -115,7 +115,10 @@ class Actuator:
             versions = {name: (str(meta["uid"]), str(meta.get("resourceVersion") or ""))
                         for name in decision.delete
                         if (meta := (self.seen.get(name) or {}).get("metadata") or {}).get("uid")}
-            self.gone += self.kube.delete_pods(namespace, decision.delete, self.settings.pod_grace_seconds,
+            # (1 s, not 0: a grace of 0 is a force delete, which frees the pods' GPUs in the
+            # scheduler's view while their containers still run)
+            grace = 1 if decision.delete_now else self.settings.pod_grace_seconds
+            self.gone += self.kube.delete_pods(namespace, decision.delete, grace,
                                                versions)
             for name in decision.delete:
                 self.ledger.forget(namespace, name)

@@ -293,7 +293,11 @@ class Kube:
         that version of that pod (else StaleWrite: the pod changed since the pass read it)."""
         def one(name: str) -> None:
             known = (seen or {}).get(name)
+            # The grace goes in the body too: with a body the API server reads the options from it
+            # alone, and a grace only in the query is ignored (the pod's own 30 s applied instead:
+            # found on kind, 2026-12-06, the kubelet stopping a pod "with timeout 30").
             body = None if known is None else client.V1DeleteOptions(
+                grace_period_seconds=grace_seconds,
                 preconditions=client.V1Preconditions(uid=known[0], resource_version=known[1] or None))
             try:
                 self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace_seconds,

@@ -112,6 +112,9 @@ class Decision:
 
     status: TrainingJobStatus
     delete: list[str] = field(default_factory=list)
+    # Delete them with a grace period of 1 s: their SIGTERM checkpoint cannot commit (a rank of the
+    # gang is on a lost node), so waiting for it only keeps their GPUs from the next attempt.
+    delete_now: bool = False
     launch: Launch | None = None
     relabel: Relabel | None = None
     release: list[str] = field(default_factory=list)

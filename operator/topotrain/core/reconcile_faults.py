@@ -45,6 +45,10 @@ def on_failure(
     decision.relabel = None  # a kept pod failed again: the gang is recreated
     # The crashed pods stay (they hold no GPUs) until the next attempt runs: their logs survive.
     decision.delete += [p.name for p in current if not p.terminating and p.phase != "Failed"]
+    # A sharded checkpoint needs every rank: with ranks on a lost node (frozen or gone) the
+    # healthy ranks' SIGTERM save hangs on them until the grace period ends (measured on kind: 29 s
+    # with a paused node), and the next attempt waits for those pods' GPUs.
+    decision.delete_now = any(p.where in failure.lost_nodes for p in current)
     if verdict.action == "fail":
         sb.failed(verdict.reason, verdict.message)
         return
