@@ -13,6 +13,22 @@ cd "$root"
 # at the end of a whole run (docs/testbed.md, "CI budget").
 stages=$(mktemp)
 stage() { echo "$1 $2 $SECONDS" >>"$stages"; }  # stage begin|end NAME
+# The CPU over the run (vmstat, 15 s samples, until this script ends): idle and I/O-wait shares
+# per five minutes, printed under the stage table. The machine is CPU-bound for most of a run;
+# a stretch with idle CPU is where work could move.
+cpu_log=$(mktemp)
+if command -v vmstat >/dev/null; then
+  (while kill -0 $$ 2>/dev/null; do vmstat 15 2 | tail -n 1 | awk -v t=$SECONDS '{print t, $13, $14, $15, $16}'; done \
+     >"$cpu_log" 2>/dev/null &)
+fi
+cpu_table() {
+  [ -s "$cpu_log" ] || return 0
+  echo "== CPU (vmstat every 15 s): user+system, idle and I/O wait, % per five minutes"
+  awk '{ b = int($1 / 300); n[b]++; busy[b] += $2 + $3; idle[b] += $4; wait[b] += $5; if (b > last) last = b
+         all++; abusy += $2 + $3; aidle += $4; await += $5 }
+       END { for (i = 0; i <= last; i++) if (n[i]) printf "%5d-%-5d busy %3d  idle %3d  wait %3d\n", i * 300, (i + 1) * 300, busy[i] / n[i], idle[i] / n[i], wait[i] / n[i]
+             printf "whole run  busy %3d  idle %3d  wait %3d\n", abusy / all, aidle / all, await / all }' "$cpu_log"
+}
 stage_table() {
   echo "== CI stages (seconds since the start; the run took ${SECONDS}s)"
   awk '$1 == "begin" { b[$2] = $3; order[++n] = $2 } $1 == "end" { e[$2] = $3 }
@@ -232,4 +248,5 @@ if [ "$kind" = 1 ]; then
   [ $kind_code -eq 0 ] || code=1
 fi
 stage_table
+cpu_table
 exit $code

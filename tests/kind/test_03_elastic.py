@@ -17,8 +17,8 @@ from tests.kind.jobs import REFERENCE, KindJob, assert_losses_match, losses, run
 
 # The attempts at dp=2 and then dp=1 hold at HOLD (training.holdAtStep, a test aid) until a
 # resize stops them, so both resizes land while the job trains, however fast the machine; the
-# attempt after the second resize trains to the end.
-STEPS, HOLD = 16, 8
+# attempt after the second resize trains to the end. HOLD: two steps past the first commit (4).
+STEPS, HOLD = 12, 6
 
 
 def _degree(status: dict[str, object]) -> int:
