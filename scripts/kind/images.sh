@@ -151,20 +151,31 @@ build_node() {
   images=("$repo/kube-apiserver:$KUBERNETES_VERSION" "$repo/kube-controller-manager:$KUBERNETES_VERSION"
     "$repo/kube-scheduler:$KUBERNETES_VERSION" "$repo/kube-proxy:$KUBERNETES_VERSION"
     "$repo/etcd:${ETCD_VERSION#v}" "$repo/coredns:$COREDNS_VERSION" "$repo/pause:$PAUSE_VERSION")
-  key=$(for t in "$base" "${images[@]}"; do image_id "$t"; done | sha256sum | cut -c1-16)
+  key=$( (echo "$content_dir"; for t in "$base" "${images[@]}"; do image_id "$t"; done) | sha256sum | cut -c1-16)
   have_image "$tag" "$key" && return 0
   preload "$base" "$tag" "$key" "" "${images[@]}"
   save_image "$tag" "$key"
 }
 
+content_dir=/opt/containerd-content  # (preload, below; part of the node and worker images' keys)
 # preload BASE TAG KEY LABEL IMAGE...: TAG is the node image BASE with IMAGEs imported into its
 # containerd (k8s.io namespace) and not unpacked: containerd unpacks an image when a container of
-# it is first created on the node. A cluster's node gets /var, these images included, copied
-# into its own volume when kind creates it. LABEL ("name=value", or empty) is put on TAG.
+# it is first created on the node. LABEL ("name=value", or empty) is put on TAG.
 preload() {
   local base=$1 tag=$2 key=$3 label=$4 cid t
   shift 4
   cid=$(docker run -d --entrypoint sleep "$base" infinity)
+  # The content store (the images' compressed layers) lives outside /var: kind gives each node a
+  # volume at /var, filled with a copy of the image's /var when the node is created, and the
+  # blobs copied into four nodes were gigabytes of writes (the trainer image's 3.75 GB on each
+  # worker) at every cluster start. Read from the image's own layers they are not copied; the
+  # snapshots containerd unpacks them into stay on the /var volume (overlayfs cannot be upper on
+  # overlayfs). Measured 2026-12-06: see docs/kind.md.
+  docker exec "$cid" bash -c "set -e; c=/var/lib/containerd/io.containerd.content.v1.content
+    [ -L \$c ] && exit 0
+    mkdir -p /var/lib/containerd
+    if [ -d \$c ]; then mv \$c $content_dir; else mkdir -p $content_dir; fi
+    ln -s $content_dir \$c"
   docker exec "$cid" bash -c 'nohup containerd >/tmp/containerd.log 2>&1 &'
   for _ in $(seq 30); do docker exec "$cid" ctr version >/dev/null 2>&1 && break; sleep 1; done
   for t in "$@"; do
@@ -202,7 +213,7 @@ build_worker() {
   local node="$repo/kind-node:$KUBERNETES_VERSION" trainer="ghcr.io/topotrain/trainer:$version-cpu"
   local tag="$repo/kind-worker:$KUBERNETES_VERSION" key base node_id on depth
   # ("verified": images committed before preload checked its imports are rebuilt once)
-  key=$( (echo verified; for t in "$node" "$trainer"; do image_id "$t"; done) | sha256sum | cut -c1-16)
+  key=$( (echo verified "$content_dir"; for t in "$node" "$trainer"; do image_id "$t"; done) | sha256sum | cut -c1-16)
   [ "$(docker image inspect -f '{{index .Config.Labels "io.topotrain.key"}}' "$tag" 2>/dev/null)" = "$key" ] \
     && return 0
   node_id=$(image_id "$node")
