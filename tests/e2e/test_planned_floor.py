@@ -65,6 +65,11 @@ def test_a_crash_after_an_lr_edit_resumes_from_the_rolls_step_not_the_old_gangs(
     spec["training"] = holding(TRAINING, attempts=2)  # the old gang and the new one hold at HOLD
     stack.apply_job(name, spec)
     wait_until(lambda: held(stack, name), timeout=JOB_TIMEOUT, what=f"attempt 0 held at {HOLD}")
+    # The roll restores the newest commit the operator has read from the store (no checkpoint
+    # request here): wait until it read step INTERVAL, which the trainer's log shows first (a
+    # loaded machine patched before the operator's next poll, and the roll started fresh).
+    stack.wait_job(name, lambda j: int((j["status"].get("checkpoint") or {}).get("step") or 0) >= INTERVAL,
+                   timeout=JOB_TIMEOUT, what=f"the operator read the commit of step {INTERVAL}")  # fmt: skip
 
     stack.kubectl("-n", stack.namespace, "patch", f"trainingjobs.topotrain.io/{name}", "--type=merge",
                   "-p", json.dumps({"spec": {"training": {"lr": 2e-3}}}))  # fmt: skip

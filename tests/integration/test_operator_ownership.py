@@ -263,19 +263,33 @@ def test_a_gang_deleted_with_preconditions_gets_the_grace_the_operator_asked_for
     its own grace period (1 s for a gang with a rank on a lost node, whose SIGTERM save cannot
     commit). The real API server reads a delete's options from its body alone: a grace only in
     the query was ignored, and the kubelet gave the pods their own 30 s. Held Terminating by a
-    test finalizer, the pod shows the grace it was given."""
+    test finalizer; the first version of the pod that is being deleted shows the grace it was
+    given (KWOK, standing in for the kubelet, then shortens it to 0 to finish the deletion)."""
+    from kubernetes import watch
     from topotrain.controller.kube import Kube as OperatorKube
 
+    from testbed.binaries import KEEP_RUNNING_LABEL
+
     node = kube.core.list_node().items[0].metadata.name
+    # Running until deleted: KWOK would complete it (a finished pod is deleted with no grace too)
     pod = kube.core.create_namespaced_pod(namespace, {
-        "metadata": {"name": "graced", "finalizers": [HOLD]},
+        "metadata": {"name": "graced", "finalizers": [HOLD], "labels": {KEEP_RUNNING_LABEL: "true"}},
         "spec": {"nodeName": node, "terminationGracePeriodSeconds": 30,
                  "containers": [{"name": "c", "image": "busybox"}]},
     })  # fmt: skip
+    # (a pod no kubelet has started yet is deleted with no grace, whatever the delete asks)
+    running = wait_for("the pod Running", lambda: (p := kube.core.read_namespaced_pod("graced", namespace))
+                       .status.phase == "Running" and p)  # fmt: skip
     seen = {"graced": (pod.metadata.uid, "")}  # (KWOK writes its status meanwhile)
     try:
         assert OperatorKube(kube.api).delete_pods(namespace, ["graced"], 1, seen) == []
-        deleted = kube.core.read_namespaced_pod("graced", namespace).metadata
-        assert deleted.deletion_timestamp is not None and deleted.deletion_grace_period_seconds == 1
+        graces = []
+        for event in watch.Watch().stream(kube.core.list_namespaced_pod, namespace,
+                                          field_selector="metadata.name=graced", timeout_seconds=30,
+                                          resource_version=running.metadata.resource_version):  # fmt: skip
+            if event["object"].metadata.deletion_timestamp is not None:
+                graces.append(event["object"].metadata.deletion_grace_period_seconds)
+                break
+        assert graces == [1], f"the first version being deleted had a grace of {graces}"
     finally:
         kube.core.patch_namespaced_pod("graced", namespace, {"metadata": {"finalizers": None}})

@@ -34,8 +34,7 @@ from topotrain.core.rank_table import RankTable, parse_rank_table, rank_table_na
 
 log = logging.getLogger("topotrain.kube")
 T = TypeVar("T")
-# The other modules of the controller catch ApiException from here: this module stays the only
-# one that imports the Kubernetes client.
+# The other modules of the controller catch ApiException from here (the only client import).
 WORKERS = 16  # parallel pod creates/deletes: a 512-pod gang in well under a second
 PASS_THREADS = 16  # the event loop's worker threads (main.py): the passes' blocking calls
 # Connections kept alive to the API server: one for each thread that may call at once. (The
@@ -293,15 +292,12 @@ class Kube:
         that version of that pod (else StaleWrite: the pod changed since the pass read it)."""
         def one(name: str) -> None:
             known = (seen or {}).get(name)
-            # The grace goes in the body too: with a body the API server reads the options from it
-            # alone, and a grace only in the query is ignored (the pod's own 30 s applied instead:
-            # found on kind, 2026-12-06, the kubelet stopping a pod "with timeout 30").
-            body = None if known is None else client.V1DeleteOptions(
-                grace_period_seconds=grace_seconds,
-                preconditions=client.V1Preconditions(uid=known[0], resource_version=known[1] or None))
+            # every option in the body: beside one the API server ignores the query's (its grace)
+            pre = known and client.V1Preconditions(uid=known[0], resource_version=known[1] or None)
+            body = client.V1DeleteOptions(grace_period_seconds=grace_seconds,
+                                          propagation_policy="Background", preconditions=pre)
             try:
-                self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace_seconds,
-                                                propagation_policy="Background", body=body)
+                self.core.delete_namespaced_pod(name, namespace, body=body)
             except ApiException as exc:
                 if exc.status == 409 and known is not None:
                     raise StaleWrite(f"pod {namespace}/{name} changed since it was read", exc) from None
