@@ -255,7 +255,6 @@ def test_a_status_write_from_a_stale_view_of_the_phase_is_refused(cluster: Clust
     assert after["phase"] == current["phase"] and after.get("reason") != "StaleReplica"
 
 
-
 def test_a_gang_deleted_with_preconditions_gets_the_grace_the_operator_asked_for(
     kube: Kube, namespace: str
 ) -> None:
