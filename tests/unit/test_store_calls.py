@@ -1,7 +1,7 @@
 """One namespace's slow checkpoint store stalls nothing but that namespace (issue 37 item 3).
 
-Two real HTTP servers on loopback, run by threads of this test: a tarpit that answers every
-request with headers and then one byte every half second (botocore's read timeout, per socket
+Two real HTTP servers on loopback, run by threads of this test: a tarpit (testbed/tarpit.py)
+that answers every request with headers and then one byte every half second (botocore's read timeout, per socket
 read, never fires), and a minimal S3 that holds an empty bucket. The operator's Observer reads
 a job's store through boto3 against each, through `StoreCalls` (the bounded pool, per-namespace
 cap and per-read deadline). The Kubernetes client is not needed (no credentials Secret, no
@@ -24,6 +24,8 @@ from topotrain.controller.observe import Observer
 from topotrain.controller.settings import Settings
 from topotrain.controller.storecalls import StoreCalls
 
+from testbed.tarpit import Tarpit
+
 DEADLINE = 6.0
 LOOPBACK = Settings(checkpoint_endpoints=("127.0.0.1",))
 
@@ -31,24 +33,6 @@ LOOPBACK = Settings(checkpoint_endpoints=("127.0.0.1",))
 class NoKube:
     def __getattr__(self, name: str) -> Any:
         raise AssertionError(f"kube.{name} called")
-
-
-class Tarpit(BaseHTTPRequestHandler):
-    stop = threading.Event()
-
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", "100000")
-        self.end_headers()
-        while not self.stop.wait(0.5):
-            try:
-                self.wfile.write(b" ")
-                self.wfile.flush()
-            except OSError:
-                return
-
-    def log_message(self, *_: Any) -> None:
-        pass
 
 
 class EmptyS3(BaseHTTPRequestHandler):
@@ -78,15 +62,14 @@ def serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
-        Tarpit.stop.set()  # every trickle ends: the reads stuck on it fail and free their threads
         server.shutdown()
         server.server_close()
 
 
 @pytest.fixture
 def tarpit() -> Iterator[str]:
-    Tarpit.stop.clear()
-    yield from serve(Tarpit)
+    with Tarpit() as server:  # stopping it ends every trickle: the stuck reads free their threads
+        yield server.url
 
 
 @pytest.fixture
