@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from testbed.chaos.catalogue import Kind  # noqa: E402
+from testbed.chaos.catalogue import CLASSIC, Kind  # noqa: E402
 from testbed.chaos.report import table  # noqa: E402
 from testbed.chaos.soak import SoakConfig, replay, run_soak, summary  # noqa: E402
 
@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=1, choices=(1, 2), help="operator replicas")
     parser.add_argument("--step-seconds", type=float, default=0.5)
     parser.add_argument("--steps", default="150-250", help="steps per job, a range LOW-HIGH")
-    parser.add_argument("--kinds", default="", help="comma-separated fault classes (default: all)")
+    parser.add_argument("--kinds", default="", help="comma-separated fault classes (default: all; "
+                        "'classic': the bounded soak's, those from before issue 37)")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--replay", type=Path, default=None, help="re-check a recorded history.jsonl")
     args = parser.parse_args(argv)
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         print(table(rows), "", *(v.line() for v in verdicts), sep="\n")
         return 0 if all(v.ok for v in verdicts) else 1
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 20)
-    kinds = {Kind(k) for k in args.kinds.split(",") if k} or None
+    kinds = set(CLASSIC) if args.kinds == "classic" else {Kind(k) for k in args.kinds.split(",") if k} or None
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix=f"chaos-{seed}-", dir=ROOT / ".testbed"))
     config = SoakConfig(seed, args.faults, args.jobs, mean_gap=args.gap, replicas=args.replicas,
                         step_seconds=args.step_seconds, kinds=kinds, calm=args.calm,

@@ -199,7 +199,12 @@ class _Saver:
         request = self.served.value if self.served is not None else ""
         _retry("shard", lambda: store.client.put_object(Bucket=store.bucket, Key=key, Body=doc))
         _retry(
-            "commit", lambda: store.write_commit(step, {"dp": env.data}, len(doc), request=request)
+            "commit",
+            # the attempt, as the trainer records it: a restart after a planned change never
+            # resumes from a step the replaced gang saved after the change's step (its floor)
+            lambda: store.write_commit(
+                step, {"dp": env.data}, len(doc), request=request, attempt=env.attempt
+            ),
         )
         _retry("retention", lambda: store.apply_retention(env.checkpoint_keep))
         emit(event="commit", step=step, attempt=env.attempt, request=asked if requested else "")

@@ -20,7 +20,9 @@ output and S3.
 8. memory: the operator's RSS peak and slope stay bounded;
 9. restarts: every new attempt follows a fault that touched its job (or is a
    resize), so a restart loop the operator makes up by itself is caught even
-   when it ends in a budget-exhausted Failed.
+   when it ends in a budget-exhausted Failed;
+10. roll floor (checkers_roll.py): after a spec roll, no restart resumes from a step the
+   replaced gang saved after the roll's step.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from testbed.chaos.catalogue import Kind
+from testbed.chaos.checkers_roll import check_roll_floor
 from testbed.chaos.timeline import TERMINAL, Timeline, Verdict, timestamp, verdict
 
 BUDGET_REASONS = {"MaxRestartsExceeded": "maxRestarts",
@@ -345,4 +348,5 @@ def check_all(t: Timeline, records: list[dict[str, object]],
               expected: Callable[[int, int], dict[int, float]]) -> list[Verdict]:  # fmt: skip
     return [check_resume(t), check_exclusive(t), check_gpus(t), check_outcomes(t, expected),
             check_availability(t), check_lost_work(t), check_retention(t),
-            check_memory(memory_samples(records)), check_restarts_explained(t)]  # fmt: skip
+            check_memory(memory_samples(records)), check_restarts_explained(t),
+            check_roll_floor(t)]  # fmt: skip

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from topotrain.contract import ATTEMPT_ANNOTATION, RESUME_STEP_ANNOTATION
-from topotrain.core.manifests import NODE_ANNOTATION
+from topotrain.core.manifests import NODE_ANNOTATION, TEMPLATE_ANNOTATION
 
 from testbed.harness import ATTEMPT_LABEL, INDEX_LABEL, JOB_LABEL
 
@@ -61,6 +61,7 @@ def pod_record(pod: dict[str, Any]) -> dict[str, Any]:
         "index": _int(labels.get(INDEX_LABEL)), "phase": status.get("phase"),
         "node": spec.get("nodeName"), "deleting": bool(meta.get("deletionTimestamp")),
         "planned": (meta.get("annotations") or {}).get(NODE_ANNOTATION),  # before it is bound
+        "template": (meta.get("annotations") or {}).get(TEMPLATE_ANNOTATION),  # the spec it runs
         "created": meta.get("creationTimestamp"), "gpus": gpus,
         "resume": _resume(meta.get("annotations") or {}, env),
     }  # fmt: skip
@@ -104,6 +105,7 @@ class Observer:
     s3_prefix: str  # "jobs/<namespace>/": every job's checkpoints lie under it
     operator_pids: Callable[[], list[int]]
     interval: float = 1.0
+    _markers: set[tuple[str, float]] = field(default_factory=set)  # COMMITTED markers read
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -154,11 +156,26 @@ class Observer:
                 break
             token = page.get("NextContinuationToken")
         committed: dict[str, dict[int, float]] = {}
+        saved: dict[str, list[tuple[int, float, Any]]] = {}  # markers not read before: by whom
         for key, modified in keys.items():
             parts = key.split("/")
             if len(parts) == 3 and parts[2] == "COMMITTED" and parts[1].startswith("step-"):
                 committed.setdefault(parts[0], {})[int(parts[1][5:])] = modified
-        self.history.add("s3", committed={j: sorted(s.items()) for j, s in committed.items()})
+                if (key, modified) not in self._markers and (saver := self._saver(key)) is not None:
+                    saved.setdefault(parts[0], []).append((int(parts[1][5:]), modified, saver[0]))
+                    self._markers.add((key, modified))
+        self.history.add("s3", committed={j: sorted(s.items()) for j, s in committed.items()},
+                         saved=saved)  # fmt: skip
+
+    def _saver(self, key: str) -> tuple[int | None] | None:
+        """(the attempt a COMMITTED marker says saved its step, None if it does not say), or
+        None when it could not be read (deleted by retention meanwhile: read again next time)."""
+        try:
+            body = self.s3_client.get_object(Bucket=self.bucket, Key=self.s3_prefix + key)["Body"].read()
+        except Exception:
+            return None
+        attempt = json.loads(body).get("attempt")
+        return (int(attempt) if attempt is not None else None,)
 
     def observe_memory(self) -> None:
         rss = {}

@@ -20,6 +20,8 @@ its end) in the history.
 | scale | `kubectl scale` of an elastic job right after one of its ranks crashed |
 | quota | a ResourceQuota allowing no new pod, right before a rank crashes |
 | job-deleted | a job deleted one second after one of its pods was |
+
+The classes issue 37 added are in testbed.chaos.nemesis_more (a mixin of this class).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from testbed import faults
 from testbed.chaos.catalogue import CALM, GLOBAL, Fault, choose
+from testbed.chaos.nemesis_more import MoreFaults
 from testbed.procs import signal_group
 
 if TYPE_CHECKING:
@@ -40,7 +43,7 @@ QUOTA_NAME = "chaos-quota"
 BAD_NODE_DELAY = 2.0
 
 
-class Nemesis:
+class Nemesis(MoreFaults):
     def __init__(self, rig: Rig, schedule: list[Fault], calm: float = CALM) -> None:
         self.rig = rig
         self.schedule = schedule

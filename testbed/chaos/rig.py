@@ -70,6 +70,13 @@ class ChaosStack(Stack):
             signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
 
+    def kill_all(self) -> None:
+        """SIGKILL every replica (none acts until start_operator)."""
+        for _, proc in self.processes:
+            if proc.poll() is None:
+                signal_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+
     def acting(self) -> bool:
         """True once a live replica acts: the Lease's holder is a live replica (a SIGKILLed
         replica stays the holder until the standby has seen its Lease unrenewed for the

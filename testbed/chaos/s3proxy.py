@@ -8,7 +8,10 @@ until the server closes. That keeps the proxy blind to bodies (uploads,
 
 - `latency`: seconds added before the request is forwarded (S3 slow);
 - `error_share`: that share of requests is answered `503 SlowDown` with an
-  S3 XML error body and never reaches the server (S3 erroring).
+  S3 XML error body and never reaches the server (S3 erroring);
+- `tarpit`: requests naming a key prefix (in the path, or a listing's `prefix=`)
+  are relayed to another port, a `testbed.tarpit.Tarpit` that trickles bytes
+  (one job's checkpoint endpoint turned into a tarpit).
 
 An outage is not simulated here: the soak stops the real server.
 """
@@ -21,6 +24,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from urllib.parse import unquote
 
 HEAD_LIMIT = 64 * 1024
 SLOW_DOWN = (
@@ -36,6 +40,7 @@ class S3Proxy:
     seed: int = 0
     latency: float = 0.0
     error_share: float = 0.0
+    tarpit: tuple[str, int] | None = None  # (key prefix, the tarpit's port on loopback)
     requests: int = 0
     errors: int = 0
     port: int = 0
@@ -72,6 +77,19 @@ class S3Proxy:
             if error_share is not None:
                 self.error_share = error_share
 
+    def set_tarpit(self, prefix: str | None, port: int = 0) -> None:
+        """Relay requests naming keys under `prefix` to `port` (None: none any more)."""
+        with self._lock:
+            self.tarpit = None if prefix is None else (prefix, port)
+
+    def _upstream_of(self, head: bytes) -> tuple[str, int]:
+        with self._lock:
+            tarpit = self.tarpit
+        target = unquote(head.split(b"\r\n", 1)[0].decode("latin-1"))
+        if tarpit is not None and tarpit[0] in target:
+            return "127.0.0.1", tarpit[1]
+        return self.upstream_host, self.upstream_port
+
     def _accept(self) -> None:
         assert self._server is not None
         while not self._stop.is_set():
@@ -105,7 +123,7 @@ class S3Proxy:
                     + b"\r\n\r\n" + SLOW_DOWN
                 )  # fmt: skip
                 return
-            upstream = socket.create_connection((self.upstream_host, self.upstream_port), timeout=30)
+            upstream = socket.create_connection(self._upstream_of(head), timeout=30)
             with upstream:
                 upstream.sendall(_close_after(head) + rest)
                 done = threading.Event()

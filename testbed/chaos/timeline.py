@@ -46,6 +46,7 @@ class Attempt:
     resumes: set[str | None] = field(default_factory=set)
     pods: set[str] = field(default_factory=set)
     size: int = 0  # pods in the gang: the highest index seen + 1
+    templates: set[str] = field(default_factory=set)  # the spec hashes its pods run
 
 
 @dataclass
@@ -100,6 +101,8 @@ class Timeline:
                     attempt.resumes.add(pod["resume"] or None)
                     attempt.created = min(attempt.created, created)
                 attempt.size = max(attempt.size, (pod["index"] or 0) + 1)
+                if pod.get("template"):
+                    attempt.templates.add(pod["template"])
         return found
 
     def commits(self) -> dict[str, dict[int, float]]:
@@ -110,6 +113,16 @@ class Timeline:
                 for step, modified in steps:
                     seen[job].setdefault(int(step), float(modified))
         return dict(seen)
+
+    def saves(self, job: str) -> list[tuple[float, int, int | None]]:
+        """(when, step, the attempt that saved it) of every save of the job's COMMITTED markers
+        seen: the markers' own record (read by the observer) and the trainer's commit events (a
+        marker overwritten within a poll is seen only there). Ordered by time."""
+        found = [(float(m), int(step), who) for r in self.s3
+                 for step, m, who in (r.get("saved") or {}).get(job, [])]  # fmt: skip
+        found += [(float(e["time"]), int(e["step"]), e.get("attempt"))
+                  for e in self.events.get(job, []) if e.get("event") == "commit"]  # fmt: skip
+        return sorted(found, key=lambda s: s[0])
 
     def steps(self, job: str) -> list[dict[str, Any]]:
         return [e for e in self.events.get(job, []) if e.get("event") == "step"]

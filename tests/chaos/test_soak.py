@@ -19,10 +19,12 @@ from pathlib import Path
 import pytest
 
 from testbed.binaries import binary
+from testbed.chaos.catalogue import CLASSIC
 from testbed.chaos.soak import SoakConfig, run_soak, summary
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.slow]
 # 119: its 60 faults cover all 17 classes in about three minutes (any seed replays its own).
+# The classes issue 37 added are left to bench/chaos.py: drawing them changes the schedule.
 SEED = int(os.environ.get("TOPOTRAIN_CHAOS_SEED", "119"))
 
 
@@ -35,7 +37,7 @@ def test_sixty_overlapping_faults_break_no_invariant(tmp_path: Path) -> None:
             pytest.fail(f"{err} (CI=true: not skipping)", pytrace=False)
         pytest.skip(str(err))
     config = SoakConfig(seed=SEED, faults=60, jobs=3, mean_gap=2.5, steps=(60, 100), replicas=2,
-                        calm=8.0, drain_seconds=300)  # fmt: skip
+                        calm=8.0, drain_seconds=300, kinds=set(CLASSIC))  # fmt: skip
     result = run_soak(config, tmp_path / "soak")
     print(summary(result))
     failed = [v.line() for v in result.verdicts if not v.ok]

@@ -66,3 +66,20 @@ def test_a_share_of_requests_gets_slow_down(proxy: S3Proxy) -> None:
     codes = [put(proxy, b"x")[0] for _ in range(40)]
     assert 5 < codes.count(503) < 35 and set(codes) == {200, 503}
     assert proxy.errors == 1 + codes.count(503) and proxy.requests == 41
+
+
+def test_one_prefix_is_relayed_to_a_tarpit_and_the_rest_passes(proxy: S3Proxy) -> None:
+    """checkpoint-tarpit: one job's keys (in the path or a listing's prefix) trickle; others do not."""
+    from testbed.tarpit import Tarpit
+
+    with Tarpit(interval=0.2) as tarpit:
+        proxy.set_tarpit("jobs/ns/slow/", int(tarpit.url.rsplit(":", 1)[1]))
+        for target in ("/bucket/jobs/ns/slow/step-1/COMMITTED", "/bucket?list-type=2&prefix=jobs%2Fns%2Fslow%2F"):
+            request = urllib.request.Request(f"{proxy.endpoint}{target}", data=b"x", method="PUT")
+            with urllib.request.urlopen(request, timeout=5) as reply:
+                assert reply.status == 200 and reply.read(3) == b"   "  # a byte at a time, never the end
+        assert put(proxy, b"other job") == (200, b"other job")
+        proxy.set_tarpit(None)
+        request = urllib.request.Request(f"{proxy.endpoint}/bucket/jobs/ns/slow/x", data=b"back", method="PUT")
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            assert reply.read() == b"back"

@@ -61,6 +61,7 @@ def test_rank0_serves_a_checkpoint_request_once_and_remembers_it_across_a_resume
     assert store.step_dirs() == [1]  # served at the first step boundary, once
     commit, progress = store.read_commit(1), store.read_progress()
     assert commit is not None and commit.request == "resize-0-x"
+    assert commit.attempt == 0  # recorded, as the trainer does: the roll floor needs it
     assert progress is not None and progress.checkpoint_request == ServedRequest("resize-0-x", 1)
     # The next attempt resumes from the served step with the annotation still there: no new save.
     assert run_rank0(SimpleNamespace(**{**vars(env), "resume_step": 1, "attempt": 1}), config) == 0

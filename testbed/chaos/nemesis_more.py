@@ -1,0 +1,131 @@
+"""The fault classes issue 37 added to the nemesis (testbed.chaos.nemesis), as a mixin of it:
+
+| class | mechanism |
+|---|---|
+| nodes-gone-operator-down | every operator replica SIGKILLed, 1-3 nodes deleted while none runs, the replicas started again after 3-10 s; the nodes re-created after the duration |
+| roll-crash | a merge patch of one running job's `spec.training.rev` (the stand-in ignores it; the pods' spec changes, so the job rolls), then SIGUSR1 to the new gang's trainer as soon as it runs, before its first commit |
+| credentials-deleted | the jobs' checkpoint Secret deleted and one running pod deleted (its replacement needs the Secret); the Secret re-created after the duration |
+| checkpoint-tarpit | the S3 proxy relays every request for one job's keys to a `testbed.tarpit.Tarpit` (a 200 that trickles a byte every 0.5 s) for the duration |
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from testbed import faults
+from testbed.chaos.catalogue import Fault, choose
+from testbed.harness_stack import CREDENTIALS_SECRET
+from testbed.tarpit import Tarpit
+
+if TYPE_CHECKING:
+    from testbed.chaos.rig import Rig
+
+TEMPLATE = "topotrain.io/template"  # the pods' spec hash (topotrain.core.manifests)
+ROLL_WAIT = 120.0  # seconds to wait for the rolled gang's trainer before giving up on the crash
+
+
+class MoreFaults:
+    """Needs the Nemesis's rig, stop event and helpers (`_record`, `_heal`, `_pick_node`, ...)."""
+
+    rig: Rig
+    _stop: threading.Event
+
+    def _nodes_gone_operator_down(self, fault: Fault) -> None:
+        nemesis: Any = self
+        nodes = [n for n in (nemesis._pick_node(fault) for _ in range(1 + int(fault.size * 3))) if n]
+        if not nodes:
+            return nemesis._skip(fault, "no node to spare")
+        try:
+            began = time.monotonic()
+            saved = [self.rig.core.read_node(n, _preload_content=False) for n in nodes]
+            down = round(3 + 7 * fault.size, 1)
+            # every job: no replica acts meanwhile (as operator-kill); `nodes` for the node's pods
+            nemesis._record(fault, self.rig.job_names(), nodes=nodes, down=down)
+            self.rig.stack.kill_all()
+            for node in nodes:
+                self.rig.core.delete_node(node)
+            self._stop.wait(down)
+            self.rig.stack.start_operator()
+            if not self.rig.stack.wait_acting(timeout=300):
+                self.rig.history.add("fault-error", index=fault.index, kind=fault.kind.value,
+                                     error="no operator replica acted within 300 s")  # fmt: skip
+            self._stop.wait(max(0.0, fault.duration - (time.monotonic() - began)))
+            for raw in saved:
+                self.rig.recreate_node(raw)
+            nemesis._heal(fault)
+        finally:
+            nemesis._release(*nodes)
+
+    def _roll_crash(self, fault: Fault) -> None:
+        nemesis: Any = self
+        running = [j for j in self.rig.job_names() if nemesis._runs(j)]
+        job = choose(running, fault.pick)
+        if job is None:
+            return nemesis._skip(fault, "no running job")
+        runs = nemesis._runs(job)
+        before, old = {r.uid for r in runs}, self._template(runs[0].name)
+        patched = self.rig.stack.custom.patch_namespaced_custom_object(
+            "topotrain.io", "v1alpha1", self.rig.namespace, "trainingjobs", job,
+            {"spec": {"training": {"rev": fault.index}}})  # fmt: skip
+        nemesis._record(fault, [job], generation=patched["metadata"]["generation"])
+        deadline = time.monotonic() + ROLL_WAIT
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            # the first pod of the rolled gang whose trainer runs (the supervisor ignores SIGUSR1)
+            rolled = [r for r in nemesis._runs(job) if r.uid not in before
+                      and self._template(r.name) not in (None, old)]  # fmt: skip
+            crashed = next((r for r in rolled if faults.signal_trainer(r.process.pid, signal.SIGUSR1)), None)
+            if crashed is not None:
+                self.rig.history.add("roll-crashed", index=fault.index, job=job, pod=crashed.name,
+                                     attempt=crashed.attempt)  # fmt: skip
+                break
+            time.sleep(0.3)
+        else:
+            self.rig.history.add("roll-not-crashed", index=fault.index, job=job)  # the edit still counts
+        nemesis._heal(fault)
+
+    def _template(self, pod: str) -> str | None:
+        try:
+            meta = self.rig.core.read_namespaced_pod(pod, self.rig.namespace).metadata
+        except Exception:  # gone already
+            return None
+        return str((meta.annotations or {}).get(TEMPLATE) or "") or None
+
+    def _credentials_deleted(self, fault: Fault) -> None:
+        nemesis: Any = self
+        raw = self.rig.core.read_namespaced_secret(CREDENTIALS_SECRET, self.rig.namespace,
+                                                   _preload_content=False)  # fmt: skip
+        saved = json.loads(raw.data)
+        pods = {p.metadata.name: p for p in nemesis._pods()}
+        victim = choose(list(pods), fault.pick)
+        nemesis._record(fault, self.rig.job_names(), secret=CREDENTIALS_SECRET, pod=victim)
+        self.rig.core.delete_namespaced_secret(CREDENTIALS_SECRET, self.rig.namespace)
+        try:
+            if victim is not None:  # its replacement needs the Secret to start
+                self.rig.core.delete_namespaced_pod(victim, self.rig.namespace)
+            self._stop.wait(fault.duration)
+        finally:
+            body = {"metadata": {"name": CREDENTIALS_SECRET}, "type": saved.get("type", "Opaque"),
+                    "data": saved.get("data") or {}}  # fmt: skip
+            self.rig.core.create_namespaced_secret(self.rig.namespace, body)
+        nemesis._heal(fault)
+
+    def _checkpoint_tarpit(self, fault: Fault) -> None:
+        nemesis: Any = self
+        job = choose(self.rig.job_names(), fault.pick)
+        if job is None:
+            return nemesis._skip(fault, "no job")
+        with Tarpit(interval=0.5) as tarpit:
+            port = int(tarpit.url.rsplit(":", 1)[1])
+            # the job's namespace shares the operator's store slots (storecalls.PER_NAMESPACE), and
+            # the soak's jobs share one namespace: every job may wait on the tarpit's reads
+            nemesis._record(fault, self.rig.job_names(), job=job)
+            self.rig.proxy.set_tarpit(f"jobs/{self.rig.namespace}/{job}/", port)
+            try:
+                self._stop.wait(fault.duration)
+            finally:
+                self.rig.proxy.set_tarpit(None)
+        nemesis._heal(fault)
