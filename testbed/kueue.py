@@ -137,7 +137,10 @@ def kueue_config(
             "ClusterQueue.kueue.x-k8s.io": 1, "ResourceFlavor.kueue.x-k8s.io": 1,
         }},
         "integrations": {"frameworks": ["jobset.x-k8s.io/jobset" if jobset else "batch/job"]},
-        "featureGates": {"VisibilityOnDemand": False, "TopologyAwareScheduling": True},
+        # ElasticJobsViaWorkloadSlices (alpha, off by default): an elastic TrainingJob's resizes
+        # in Kueue's accounting (docs/kueue.md, "Elastic jobs"); it changes nothing for others.
+        "featureGates": {"VisibilityOnDemand": False, "TopologyAwareScheduling": True,
+                         "ElasticJobsViaWorkloadSlices": True},
     }  # fmt: skip
 
 

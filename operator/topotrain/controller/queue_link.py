@@ -22,6 +22,8 @@ it. topotrain plays the part Kueue's own job integrations play for a batch Job o
 - a finished job's Workload is deleted (its quota freed at once, the job and its checkpoints kept);
 - the Workload's PodsReady condition follows the gang (`pods_ready`, core/kueue_pods.py), and the
   admission checks' podSetUpdates are handed on to the pods (`QueueView.updates`);
+- a job annotated `kueue.x-k8s.io/elastic-job: "true"` has its resizes accounted by Kueue
+  (core/kueue_slices.py): a shrink lowers its Workload's count, a grow waits for a slice;
 - with Kueue's MultiKueue (core/multikueue.py): on the manager cluster a job managed by MultiKueue
   only gets its Workload (`dispatched`); on a worker the copy MultiKueue made adopts the prebuilt
   Workload its label names instead of creating one, reads the run's identity off it, and marks it
@@ -43,12 +45,13 @@ from pydantic import ValidationError
 from topotrain.api.spec import TrainingJobSpec
 from topotrain.controller.indexes import JobKey
 from topotrain.controller.kube import ApiException, Kube, api_message
-from topotrain.core import kueue, kueue_admission, kueue_pods, multikueue
+from topotrain.core import kueue, kueue_admission, kueue_pods, kueue_slices, multikueue
 from topotrain.core.kueue_admission import QueueGate
 from topotrain.core.kueue_pods import PodSetUpdate
 from topotrain.core.manifests import JobMeta, owner_reference
 from topotrain.core.ownership import controller_owner, owned_by
 from topotrain.core.status_edits import iso
+from topotrain.placement.request import GangRequest
 from topotrain.placement.topology import TopologyLevels
 
 log = logging.getLogger("topotrain.queue")
@@ -93,6 +96,8 @@ class QueueLink:
         self.name = kueue.workload_name(key[1])
         self.prebuilt = False  # the Workload is MultiKueue's prebuilt one (the job's label says)
         self.run = ""  # a prebuilt Workload's run identity, once read ("": not yet)
+        self.sliced = False  # Kueue accounts the job's resizes (kueue_slices.py)
+        self.pending: Mapping[str, Any] | None = None  # a slice Kueue has not admitted yet
         self._flavors: dict[str, Mapping[str, Any]] = {}
         self._local_queue: tuple[str, str] | None = None  # (LocalQueue, its ClusterQueue)
 
@@ -107,8 +112,9 @@ class QueueLink:
             return None
         prebuilt = multikueue.prebuilt_workload(body)
         self.name, self.prebuilt = prebuilt or kueue.workload_name(self.key[1]), prebuilt is not None
+        self.sliced = prebuilt is None and kueue_slices.elastic(body)
         try:
-            workload = self.kube.workload(self.key[0], self.name)
+            workload = self._slices() if self.sliced else self.kube.workload(self.key[0], self.name)
         except ApiException as exc:
             return QueueView(QueueGate(admitted=False, message=(
                 f"cannot read Workload {self.name} (is Kueue installed?): {api_message(exc)}")),
@@ -137,7 +143,64 @@ class QueueLink:
             workload = made
         self._activate(workload, spec)
         view = self._admitted(workload, spec, queue)
+        if self.sliced and not view.gate.evicted:
+            view = self._resize(view, workload, spec, queue)
         return replace(view, updates=kueue_pods.pod_set_updates(workload))
+
+    def _slices(self) -> dict[str, Any] | None:
+        """An elastic job's Workload under Kueue's accounting (kueue_slices.py): both names read,
+        the Finished one (replaced by an admitted slice) deleted, the pending slice kept aside."""
+        first, second = (self.kube.workload(self.key[0], n) for n in kueue_slices.slice_names(self.key[1]))
+        mine = [w if w is not None and owned_by(w.get("metadata") or {}, self.uid) else None
+                for w in (first, second)]  # fmt: skip
+        if first is not None and mine[0] is None:
+            return first  # a namesake's: _foreign says what to do
+        found = kueue_slices.read(*mine)
+        for old in found.stale:
+            meta = old.get("metadata") or {}
+            self.kube.delete_workload(self.key[0], str(meta.get("name")), str(meta.get("uid") or ""))
+            log.info("%s/%s: deleted Workload %s, replaced by a slice", *self.key, meta.get("name"))
+        self.pending = found.pending
+        if found.current is not None:
+            self.name = str((found.current.get("metadata") or {}).get("name"))
+        return dict(found.current) if found.current is not None else None
+
+    def _drop_pending(self) -> None:
+        if self.pending is not None:
+            meta = self.pending.get("metadata") or {}
+            self.kube.delete_workload(self.key[0], str(meta.get("name")), str(meta.get("uid") or ""))
+            self.pending = None
+
+    def _resize(self, view: QueueView, workload: Mapping[str, Any], spec: TrainingJobSpec,
+                queue: str) -> QueueView:
+        """Bring Kueue's accounting to the job's desired size: a lower count in place, or a slice
+        for a larger one (the job keeps its admitted size until Kueue admits the slice)."""
+        desired = GangRequest.from_spec(spec).pods()
+        plan = kueue_slices.resize(kueue_slices.Slices(workload, self.pending), desired)
+        if plan.drop_pending:
+            self._drop_pending()
+        pending = self.pending
+        try:
+            for count in (plan.shrink, plan.requeue):
+                if count is not None:
+                    self.kube.patch_workload(self.key[0], self.name, kueue_slices.with_count(workload, count))
+                    log.info("%s/%s: Workload %s counts %d pods now", *self.key, self.name, count)
+            if plan.recount is not None and pending is not None:
+                name = str((pending.get("metadata") or {}).get("name"))
+                self.kube.patch_workload(self.key[0], name, kueue_slices.with_count(pending, plan.recount))
+            if plan.grow is not None:
+                pending = self.kube.create_workload(kueue.workload_for(
+                    self.key[1], self.key[0], self.uid, spec, queue, self.levels, sliced=True,
+                    priority=(workload.get("spec") or {}).get("priority"),
+                    name=kueue_slices.other(self.key[1], self.name), replaces=f"{self.key[0]}/{self.name}"))
+        except ApiException as exc:  # without Kueue's gate a lower count is refused; stale: next pass
+            log.warning("%s/%s: Kueue's accounting not resized: %s", *self.key, api_message(exc))
+        self.pending = pending
+        if pending is None:
+            return view
+        waiting = (pending.get("metadata") or {}).get("name")
+        return replace(view, gate=replace(view.gate, message=(
+            f"{view.gate.message}; growing to {desired} pods waits for Kueue to admit slice Workload {waiting}")))
 
     def dispatched(self, body: Mapping[str, Any]) -> None:
         """A job MultiKueue dispatches (on the manager cluster): its Workload, created when missing
@@ -184,6 +247,9 @@ class QueueLink:
             return QueueView(gate, workload=workload)
         admission = kueue_admission.admission_of(workload, self.levels.gpu_resource)
         assert admission is not None  # an admitted gate has one
+        counted = kueue_slices.pod_count(workload)
+        if self.sliced and admission.count is not None and counted:  # growing back needs a slice
+            admission = replace(admission, count=min(admission.count, counted))
         flavors = []
         for name in admission.flavors:
             flavor = self._flavor(name)
@@ -227,6 +293,7 @@ class QueueLink:
         """Give an evicted Workload's quota back (its gang is gone), so Kueue requeues it. Once
         given back (no admission left) nothing is written: every pass until Kueue admits the job
         again would otherwise patch the Workload, whose event wakes the job for the next pass."""
+        self._drop_pending()  # requeued whole, at the count it holds; a grow asks again
         if view.workload is None or not (view.workload.get("status") or {}).get("admission"):
             return
         patch = kueue_admission.release_status(view.workload, iso(datetime.now(UTC)))
@@ -248,6 +315,7 @@ class QueueLink:
         prebuilt is marked Finished instead (the manager finishes its own from it)."""
         workload = view.workload or {}
         meta = workload.get("metadata") or {}
+        self._drop_pending()
         if not meta.get("uid"):
             return
         if self.prebuilt:
@@ -282,7 +350,7 @@ class QueueLink:
                     f"spec.worker.priorityClassName: PriorityClass {class_name} does not exist, so "
                     "the Workload for Kueue cannot be created")))
         manifest = kueue.workload_for(self.key[1], self.key[0], self.uid, spec, queue, self.levels,
-                                      priority=priority)
+                                      priority=priority, sliced=self.sliced, name=self.name)
         workload = self.kube.create_workload(manifest)
         log.info("%s/%s: created Workload %s in LocalQueue %s", *self.key, self.name, queue)
         return workload

@@ -45,6 +45,8 @@ KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSION = "v1beta2"
 KUEUE_API_VERSION = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+ELASTIC_ANNOTATION = "kueue.x-k8s.io/elastic-job"  # Kueue's elastic workloads (kueue_slices.py)
+REPLACES_ANNOTATION = "kueue.x-k8s.io/workload-slice-replacement-for"
 POD_SET = "workers"
 NAME_PREFIX = "trainingjob-"
 MAX_NAME = 63  # a DNS label: Kueue copies the Workload name into label values
@@ -75,12 +77,18 @@ def workload_for(
     levels: TopologyLevels,
     *,
     priority: int | None = None,
+    sliced: bool = False,
+    name: str | None = None,
+    replaces: str | None = None,
 ) -> dict[str, Any]:
     """The Workload that queues this job in LocalQueue `queue_name`.
 
     Its count is the job's pods at its desired data degree; with an elastic job
     (minData < data) minCount is the pods at minData, so Kueue's partial admission can
-    start the job smaller rather than not at all. Owned by the TrainingJob (controller),
+    start the job smaller rather than not at all, unless the job's resizes are `sliced`
+    (kueue_slices.py: Kueue's elastic workloads, which it admits whole): then the Workload
+    carries Kueue's elastic-job annotation, and a slice for a larger count is `name`d and
+    says which Workload it `replaces` ("<namespace>/<name>"). Owned by the TrainingJob (controller),
     so deleting the job releases the quota. `priority` is the value of the spec's
     PriorityClass, which Kueue v1beta2 needs next to the reference; a spec naming a class
     without it raises ValueError, since Kueue would refuse the object.
@@ -92,7 +100,7 @@ def workload_for(
         "template": pod_template(spec, levels),
         "topologyRequest": topology_request(spec, levels, request),
     }
-    if request.lowest_data < request.data:
+    if request.lowest_data < request.data and not sliced:
         pod_set["minCount"] = request.pods(request.lowest_data)
     workload_spec: dict[str, Any] = {"queueName": queue_name, "podSets": [pod_set]}
     class_name = spec.worker.priority_class_name
@@ -106,13 +114,18 @@ def workload_for(
             "group": "scheduling.k8s.io", "kind": "PriorityClass", "name": class_name,
         }
         workload_spec["priority"] = priority
+    # The run's identity: MultiKueue's clone of this Workload on a worker cluster keeps it,
+    # so every worker's copy of the job resumes the same run's checkpoints (multikueue.py).
+    annotations = {RUN_ANNOTATION: uid}
+    if sliced:
+        annotations[ELASTIC_ANNOTATION] = "true"
+    if replaces:
+        annotations[REPLACES_ANNOTATION] = replaces
     metadata = {
-        "name": workload_name(job_name),
+        "name": name or workload_name(job_name),
         "namespace": namespace,
         "labels": {QUEUE_LABEL: queue_name},
-        # The run's identity: MultiKueue's clone of this Workload on a worker cluster keeps it,
-        # so every worker's copy of the job resumes the same run's checkpoints (multikueue.py).
-        "annotations": {RUN_ANNOTATION: uid},
+        "annotations": annotations,
         "ownerReferences": [owner_reference(JobMeta(job_name, namespace, uid))],
     }
     return {"apiVersion": KUEUE_API_VERSION, "kind": "Workload", "metadata": metadata,
