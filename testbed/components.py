@@ -120,7 +120,21 @@ def apiserver(layout: Layout, settings: Settings) -> list[str]:
         "--profiling=false",
         "--event-ttl=1h",
         "--v=1",
+        *audit_flags(layout),
     ]
+
+
+AUDIT_POLICY = "audit-policy.yaml"
+
+
+def audit_flags(layout: Layout) -> list[str]:
+    """An audit log (`<root>/audit.log`, JSON lines) when the testbed's owner wrote a policy to
+    `<root>/audit-policy.yaml` before starting it (the chaos soak does); none otherwise."""
+    policy = layout.root / AUDIT_POLICY
+    if not policy.exists():
+        return []
+    return [f"--audit-policy-file={policy}", f"--audit-log-path={layout.root / 'audit.log'}",
+            "--audit-log-format=json"]  # fmt: skip
 
 
 def _delegated_auth(layout: Layout, stem: str) -> list[str]:

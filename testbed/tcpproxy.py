@@ -6,6 +6,12 @@ relay at once and refuses new ones until `restore()`: the client's watches are a
 what happens meanwhile reaches it only through whatever it does on reconnecting (a watch
 resumed from its resourceVersion, or a new LIST after "410 Gone"). Nothing reaches the API
 server that the client did not send.
+
+Two options for the chaos soak, which puts one relay in front of each operator replica:
+`source` binds the relay's side of every connection to a loopback address of its own (the
+API server's audit log then names the replica by its source IP), and `delay` (settable at
+any time) holds every chunk that much before forwarding it, both ways: the replica's Lease
+renewals and watch streams arrive late.
 """
 
 from __future__ import annotations
@@ -14,12 +20,14 @@ import contextlib
 import re
 import socket
 import threading
+import time
 from pathlib import Path
 
 
 class TcpProxy:
-    def __init__(self, upstream_port: int, host: str = "127.0.0.1") -> None:
-        self.host, self.upstream_port = host, upstream_port
+    def __init__(self, upstream_port: int, host: str = "127.0.0.1", source: str | None = None) -> None:
+        self.host, self.upstream_port, self.source = host, upstream_port, source
+        self.delay = 0.0  # seconds each chunk is held before it is forwarded
         self.port = 0
         self._listener: socket.socket | None = None
         self._open: set[socket.socket] = set()
@@ -64,7 +72,8 @@ class TcpProxy:
             except OSError:  # cut
                 return
             try:
-                upstream = socket.create_connection((self.host, self.upstream_port), timeout=5)
+                upstream = socket.create_connection((self.host, self.upstream_port), timeout=5,
+                                                    source_address=(self.source, 0) if self.source else None)
                 upstream.settimeout(None)
             except OSError:
                 client.close()
@@ -81,6 +90,8 @@ class TcpProxy:
     def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
+                if self.delay:
+                    time.sleep(self.delay)
                 dst.sendall(data)
         except OSError:
             pass

@@ -22,7 +22,11 @@ output and S3.
    resize), so a restart loop the operator makes up by itself is caught even
    when it ends in a budget-exhausted Failed;
 10. roll floor (checkers_roll.py): after a spec roll, no restart resumes from a step the
-   replaced gang saved after the roll's step.
+   replaced gang saved after the roll's step;
+11. fenced pod writes (checkers_lease.py): the API server's audit log shows no pod created or
+   deleted by a replica that did not hold the Lease;
+12. one failure, one restart (checkers_once.py): a crash, hang or deleted pod that alone
+   explains a job's restarts explains one, not two.
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ import itertools
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
 
 from testbed.chaos.catalogue import Kind
-from testbed.chaos.checkers_roll import check_roll_floor
+from testbed.chaos.causes import candidates, causes, restarts
+from testbed.chaos.checkers_lease import check_fenced_pod_writes
+from testbed.chaos.checkers_once import check_one_restart_per_failure
+from testbed.chaos.checkers_roll import behind_floor, check_roll_floor
 from testbed.chaos.timeline import TERMINAL, Timeline, Verdict, timestamp, verdict
 
 BUDGET_REASONS = {"MaxRestartsExceeded": "maxRestarts",
@@ -50,8 +56,10 @@ def _created(pod: dict[str, object]) -> float:
 
 
 def check_resume(t: Timeline, slack: float = 6.0) -> Verdict:
-    """Each pod against its own creation time; pods of one attempt (one run of it) agree."""
-    commits = t.commits()
+    """Each pod against its own creation time; pods of one attempt (one run of it) agree. A newer
+    commit the gang replaced by a spec roll saved after the roll's step is not resumable
+    (invariant 10 judges those)."""
+    commits, behind = t.commits(), behind_floor(t)
     problems: list[str] = []
     pods: dict[tuple[object, object], dict[str, object]] = {}
     for record in t.api:
@@ -77,7 +85,8 @@ def check_resume(t: Timeline, slack: float = 6.0) -> Verdict:
         seen = commits.get(job, {})
         if resume is not None and not (resume in seen and seen[resume] <= created + slack):
             problems.append(f"{job} attempt {number}: resumed from step {resume}, never seen COMMITTED before")
-        newer = sorted(s for s, m in seen.items() if (resume is None or s > resume) and m < created - slack)
+        newer = sorted(s for s, m in seen.items() if (resume is None or s > resume) and m < created - slack
+                       and not (isinstance(number, int) and behind(job, number, s, created)))  # fmt: skip
         if newer:
             problems.append(f"{job} attempt {number}: resumed from {resume} while step {newer[-1]} was COMMITTED")
     problems += [f"{job} attempt {number}: pods told different steps {sorted(map(str, r))}"
@@ -268,54 +277,19 @@ def check_restarts_explained(t: Timeline, window: float = 120.0, per_fault: int 
     """Every new attempt follows a fault that touched the job while the previous attempt ran or
     within `window` s before (at most `per_fault` restarts per fault and job), or changes the
     data degree (a resize)."""
-    heals = {r["index"]: r["t"] for r in t.heals}
-    causes = [(f["t"], heals.get(f["index"], f["t"]), set(f["jobs"]) | _placed_during(t, f, heals), f["kind"])
-              for f in t.faults]  # fmt: skip
-    causes += [(r["t"], r["t"], {r["job"]}, "bad-node") for r in t.crashes]
+    found_causes = causes(t)
     problems, checked = [], 0
     for job in sorted(t.created):
         used: dict[int, int] = defaultdict(int)
-        ordered = _attempt_sizes(t, job)
-        for (_, size_a, began), (number, size_b, at) in itertools.pairwise(ordered):
-            if size_a != size_b:
-                continue  # a resize (elastic shrink or grow, kubectl scale)
+        for began, number, at in restarts(t, job):
             checked += 1
-            # The cause hit the previous attempt (after it began: its restart may wait for
-            # capacity for minutes), or ended at most `window` s before this attempt.
-            found = next((i for i, (start, healed, jobs, _) in enumerate(causes) if job in jobs
-                          and start - 2 <= at and (healed + window >= at or start >= began - 2)
-                          and used[i] < per_fault), None)  # fmt: skip
+            found = next((i for i in candidates(found_causes, job, began, at, window) if used[i] < per_fault),
+                         None)  # fmt: skip
             if found is None:
                 problems.append(f"{job} attempt {number} at t={at:.0f}: no fault explains it")
             else:
                 used[found] += 1
     return verdict("9 no restart without a fault", checked, problems)
-
-
-def _placed_during(t: Timeline, fault: dict[str, Any], heals: dict[object, float]) -> set[str]:
-    """Jobs with a pod on the fault's node(s) while it lasted: a pod placed there after the fault
-    began (before the operator saw the node fail) is hit too, though not in the fault's `jobs`."""
-    nodes = set(fault.get("nodes") or ([fault["node"]] if fault.get("node") else []))
-    if not nodes:
-        return set()
-    start, end = float(fault["t"]), float(heals.get(fault["index"], fault["t"]))
-    return {p["job"] for r in t.api if start <= float(r["t"]) <= end
-            for p in t.job_pods(r) if (p.get("node") or p.get("planned")) in nodes}  # fmt: skip
-
-
-def _attempt_sizes(t: Timeline, job: str) -> list[tuple[int, int, float]]:
-    """(attempt, pods, first seen) of every attempt the API server or the trainer showed.
-
-    A gang restarted again within a second may never reach a poll, but its trainer's start
-    event does (and the reverse: pods killed before their process started)."""
-    seen: dict[int, tuple[int, float]] = {}
-    for (name, number), attempt in t.attempts().items():
-        if name == job:
-            seen[number] = (attempt.size, attempt.created)
-    for start in t.starts(job):
-        size, at = seen.get(start["attempt"], (0, start["time"]))
-        seen[start["attempt"]] = (size or int(start.get("pods") or 0), min(at, start["time"]))
-    return [(n, size, at) for n, (size, at) in sorted(seen.items())]
 
 
 def check_memory(samples: list[tuple[float, float]], peak_limit: float = 1024.0) -> Verdict:
@@ -349,4 +323,5 @@ def check_all(t: Timeline, records: list[dict[str, object]],
     return [check_resume(t), check_exclusive(t), check_gpus(t), check_outcomes(t, expected),
             check_availability(t), check_lost_work(t), check_retention(t),
             check_memory(memory_samples(records)), check_restarts_explained(t),
-            check_roll_floor(t)]  # fmt: skip
+            check_roll_floor(t), check_fenced_pod_writes(t.replicas, t.audit),
+            check_one_restart_per_failure(t)]  # fmt: skip

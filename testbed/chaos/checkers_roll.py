@@ -13,6 +13,7 @@ one) and from the trainers' commit events; the operator's status is not consulte
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 
 from testbed.chaos.timeline import Attempt, Timeline, Verdict, verdict
 
@@ -30,30 +31,68 @@ def saver_at(saves: list[tuple[float, int, int | None]], step: int, moment: floa
     return (bool(last), last[-1] if last else None)
 
 
-def check_roll_floor(t: Timeline, slack: float = 1.0) -> Verdict:
+def _by_job(t: Timeline) -> dict[str, list[Attempt]]:
     by_job: dict[str, list[Attempt]] = defaultdict(list)
     for (job, _), attempt in sorted(t.attempts().items(), key=lambda item: (item[0][0], item[0][1])):
         by_job[job].append(attempt)
+    return by_job
+
+
+def _walk(attempts: list[Attempt]) -> list[tuple[Attempt, Attempt | None, Attempt | None]]:
+    """Each attempt with the last roll before it and the last roll at or before it (None:
+    no roll yet): they differ only for a roll itself."""
+    out: list[tuple[Attempt, Attempt | None, Attempt | None]] = []
+    template: str | None = None
+    roll: Attempt | None = None
+    for attempt in attempts:
+        before = roll
+        new = attempt.templates - {template}
+        if template is not None and new:
+            roll = attempt
+        if new:
+            template = sorted(new)[-1]
+        out.append((attempt, before, roll))
+    return out
+
+
+def behind_floor(t: Timeline) -> Callable[[str, int, int, float], bool]:
+    """`behind(job, attempt, step, moment)`: whether a commit of `step` is, for that attempt, a
+    step the gang replaced by the last roll saved after the roll's step (so not resumable; by
+    `moment` the marker was that gang's). Invariant 1 does not count such a newer commit."""
+    floors: dict[tuple[str, int], tuple[int, int | None]] = {}
+    for job, attempts in _by_job(t).items():
+        for attempt, _, roll in _walk(attempts):
+            if roll is not None:
+                floors[(job, attempt.number)] = (roll.number, _resume(roll))
+    saves = {job: t.saves(job) for job, _ in floors}
+
+    def behind(job: str, attempt: int, step: int, moment: float) -> bool:
+        if (job, attempt) not in floors:
+            return False
+        number, floor = floors[(job, attempt)]
+        if floor is not None and step <= floor:
+            return False
+        seen, saver = saver_at(saves[job], step, moment)
+        return seen and saver is not None and saver < number
+
+    return behind
+
+
+def check_roll_floor(t: Timeline, slack: float = 1.0) -> Verdict:
     problems: list[str] = []
     notes: list[str] = []
     checked = 0
-    for job, attempts in sorted(by_job.items()):
+    for job, attempts in sorted(_by_job(t).items()):
         saves = t.saves(job)
-        template: str | None = None
-        roll: Attempt | None = None
-        for attempt in attempts:
-            if roll is not None:
-                checked += 1
-                line = _judge(job, attempt, roll, saves, slack)
-                if line is not None:
-                    (notes if line.startswith("note: ") else problems).append(line.removeprefix("note: "))
-            new = attempt.templates - {template}
-            if template is not None and new:
-                roll = attempt
-                if len(attempt.templates) > 1:
-                    notes.append(f"{job} attempt {attempt.number}: pods of {len(attempt.templates)} specs")
-            if new:
-                template = sorted(new)[-1]
+        for attempt, roll, latest in _walk(attempts):
+            if latest is attempt and len(attempt.templates) > 1:
+                notes.append(f"{job} attempt {attempt.number}: pods of {len(attempt.templates)} specs")
+            if roll is None:
+                continue
+            checked += 1
+            line = _judge(job, attempt, roll, saves, slack)
+            if line is not None:
+                (notes if line.startswith("note: ") else problems).append(line.removeprefix("note: "))
     return verdict("10 no restart resumes from the replaced spec's steps after a roll", checked,
                    problems, notes)  # fmt: skip
 

@@ -60,6 +60,8 @@ class Timeline:
     events: dict[str, list[dict[str, Any]]]  # job -> the stand-in's events (node rank 0)
     heals: list[dict[str, Any]] = field(default_factory=list)
     crashes: list[dict[str, Any]] = field(default_factory=list)  # bad-node crashes
+    replicas: list[dict[str, Any]] = field(default_factory=list)  # operator replicas started
+    audit: list[dict[str, Any]] = field(default_factory=list)  # the API server's pod/Lease writes
 
     @classmethod
     def of(cls, records: list[dict[str, Any]], namespace: str) -> Timeline:
@@ -79,6 +81,8 @@ class Timeline:
             dict(events),
             [r for r in records if r["type"] == "heal"],
             [r for r in records if r["type"] == "bad-node-crash"],
+            [r for r in records if r["type"] == "replica"],
+            [e for r in records if r["type"] == "audit" for e in r["events"]],
         )
 
     def job_pods(self, record: dict[str, Any]) -> list[dict[str, Any]]:

@@ -273,3 +273,22 @@ def test_pod_supervisor_lines_without_a_time_are_not_trainer_events() -> None:
               *steps_events(5, 1, 3, 0, T0)]  # fmt: skip
     t = timeline([created("a"), {"t": T0, "type": "trainer-events", "job": "a", "events": events}])
     assert [e["step"] for e in t.steps("a")] == [1, 2, 3]
+
+
+def test_one_crash_alone_restarting_a_job_twice_is_a_double_restart() -> None:
+    """Invariant 12: a crash that alone explains two restarts (the second with no fault of its
+    own) is reported; a second fault near the second restart makes it ambiguous, not counted."""
+    def start(attempt: int, at: float) -> dict[str, Any]:
+        return {"event": "start", "attempt": attempt, "resume": None, "pods": 1, "time": at}
+
+    crash = {"t": T0 + 10, "type": "fault", "index": 0, "kind": "trainer-crash", "jobs": ["a"], "duration": 0}
+    events = {"t": T0 + 400, "type": "trainer-events", "job": "a",
+              "events": [start(0, T0), start(1, T0 + 12), start(2, T0 + 40)]}  # fmt: skip
+    verdict = checkers.check_one_restart_per_failure(timeline([created("a"), crash, events]))
+    assert not verdict.ok and "restarted it 2 times (attempts [1, 2])" in verdict.details[0]
+    assert checkers.check_restarts_explained(timeline([created("a"), crash, events])).ok  # 9 allows it
+    deleted = {"t": T0 + 38, "type": "fault", "index": 1, "kind": "pod-deleted", "jobs": ["a"], "duration": 0}
+    assert checkers.check_one_restart_per_failure(timeline([created("a"), crash, deleted, events])).ok
+    once = {**events, "events": events["events"][:2]}
+    verdict = checkers.check_one_restart_per_failure(timeline([created("a"), crash, once]))
+    assert verdict.ok and verdict.checked == 1

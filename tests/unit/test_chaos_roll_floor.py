@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from testbed.chaos import checkers_roll
+from testbed.chaos import checkers, checkers_roll
 from testbed.chaos.catalogue import CLASSIC, GLOBAL, ISSUE_37, Kind, schedule
 from tests.unit.test_chaos_checkers import T0, api, created, pod, s3, timeline
 
@@ -89,6 +89,14 @@ def test_a_roll_that_started_fresh_admits_only_the_new_gangs_steps() -> None:
     history[4] = api(T0 + 25, [tpod(1, "B", None, T0 + 25)])
     verdict = checkers_roll.check_roll_floor(timeline(history))
     assert not verdict.ok and "restored" not in verdict.details[0] and "started fresh" in verdict.details[0]
+
+
+def test_invariant_1_takes_the_replaced_gangs_later_steps_as_not_resumable() -> None:
+    """The restart resuming from the roll's step while the old gang's step 30 is newer is right;
+    once the new gang saved step 30 itself, resuming from 20 loses it (invariant 1)."""
+    assert checkers.check_resume(timeline(rolled("20"))).ok
+    verdict = checkers.check_resume(timeline(rolled("20", resaved_by_new_gang=True)))
+    assert not verdict.ok and "attempt 2: resumed from 20 while step 30 was COMMITTED" in verdict.details[0]
 
 
 def test_the_saves_of_a_timeline_merge_markers_and_commit_events_in_time_order() -> None:
