@@ -6,6 +6,8 @@
 | roll-crash | a merge patch of one running job's `spec.training.rev` (the stand-in ignores it; the pods' spec changes, so the job rolls), then SIGUSR1 to the new gang's trainer as soon as it runs, before its first commit |
 | credentials-deleted | the jobs' checkpoint Secret deleted and one running pod deleted (its replacement needs the Secret); the Secret re-created after the duration |
 | checkpoint-tarpit | the S3 proxy relays every request for one job's keys to a `testbed.tarpit.Tarpit` (a 200 that trickles a byte every 0.5 s) for the duration |
+| replica-slow-api | one replica's relay to the API server (testbed.tcpproxy) holds every chunk 0.3-3 s, both ways, for the duration: its Lease renewals and watch events arrive late |
+| replica-clock-skew | one replica SIGKILLed and started again with its wall clock 30-600 s ahead (libfaketime, a test-boundary fake); after the duration it is replaced by one on the true clock |
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from testbed import faults
 from testbed.chaos.catalogue import Fault, choose
+from testbed.chaos.rig import FAKETIME, replica_identity
 from testbed.harness_stack import CREDENTIALS_SECRET
 from testbed.tarpit import Tarpit
 
@@ -46,10 +49,12 @@ class MoreFaults:
             # every job: no replica acts meanwhile (as operator-kill); `nodes` for the node's pods
             nemesis._record(fault, self.rig.job_names(), nodes=nodes, down=down)
             self.rig.stack.kill_all()
-            for node in nodes:
-                self.rig.core.delete_node(node)
-            self._stop.wait(down)
-            self.rig.stack.start_operator()
+            try:
+                for node in nodes:
+                    self.rig.core.delete_node(node)
+                self._stop.wait(down)
+            finally:
+                self.rig.stack.start_operator()
             if not self.rig.stack.wait_acting(timeout=300):
                 self.rig.history.add("fault-error", index=fault.index, kind=fault.kind.value,
                                      error="no operator replica acted within 300 s")  # fmt: skip
@@ -129,3 +134,36 @@ class MoreFaults:
             finally:
                 self.rig.proxy.set_tarpit(None)
         nemesis._heal(fault)
+
+    def _replica_slow_api(self, fault: Fault) -> None:
+        nemesis: Any = self
+        number = choose([str(n) for n in self.rig.stack.alive()], fault.pick)
+        if number is None:
+            return nemesis._skip(fault, "no replica")
+        relay = self.rig.stack.relays[int(number)]
+        delay = round(0.3 + 2.7 * fault.size, 2)
+        nemesis._record(fault, self.rig.job_names(), replica=replica_identity(int(number)), delay=delay)
+        relay.delay = delay
+        try:
+            self._stop.wait(fault.duration)
+        finally:
+            relay.delay = 0.0
+        nemesis._heal_once_acting(fault)
+
+    def _replica_clock_skew(self, fault: Fault) -> None:
+        nemesis: Any = self
+        if not FAKETIME.exists():
+            return nemesis._skip(fault, "libfaketime not installed")
+        number = choose([str(n) for n in self.rig.stack.alive()], fault.pick)
+        if number is None:
+            return nemesis._skip(fault, "no replica")
+        skew = round(30 + 570 * fault.size)
+        nemesis._record(fault, self.rig.job_names(), replica=replica_identity(int(number)), skew=skew)
+        self.rig.stack.kill(int(number))
+        self.rig.stack.start_operator(skew=skew)
+        skewed = min(self.rig.stack.alive())  # the newest replica has the lowest number
+        self.rig.stack.wait_acting(timeout=300)
+        self._stop.wait(fault.duration)
+        self.rig.stack.kill(skewed)  # back on the true clock
+        self.rig.stack.start_operator()
+        nemesis._heal_once_acting(fault)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -24,40 +25,78 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from testbed.chaos.audit import policy, replica_address
 from testbed.chaos.history import History, Observer
 from testbed.chaos.s3proxy import S3Proxy
 from testbed.chaos.workload import Workload
 from testbed.client import api_client, core_v1
 from testbed.cluster import CONTROL_PLANE, Testbed
-from testbed.components import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE
+from testbed.components import AUDIT_POLICY, KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE
 from testbed.harness_stack import S3Target, Stack
 from testbed.nodes import apply_topology, wait_nodes_ready
 from testbed.procs import free_port, signal_group, wait_until
+from testbed.tcpproxy import TcpProxy
+
+# A test-boundary fake of a skewed wall clock: libfaketime (Debian's libfaketime) offsets
+# CLOCK_REALTIME for one replica's process (time.time, datetime.now), never its monotonic clock.
+FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 
 
 class ChaosStack(Stack):
     """The Stack with operator replicas the nemesis can kill: one standalone, or two that elect
     a leader with the chart's Lease."""
 
-    def __init__(self, *args: Any, replicas: int = 1, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, replicas: int = 1, record: Any = None, **kwargs: Any) -> None:
         self.replicas = replicas
+        self.record = record  # History.add, for the replicas started
         self.processes: list[tuple[int, subprocess.Popen[bytes]]] = []  # (replica number, process)
+        self.relays: dict[int, TcpProxy] = {}  # each replica's own way to the API server
         self._next_priority = 1000
         super().__init__(*args, **kwargs)
         if replicas > 1:
             self.chart_values = {**self.chart_values, "leaderElection": {"enabled": True}}
 
-    def start_operator(self) -> None:
-        self.processes = [(p, proc) for p, proc in self.processes if proc.poll() is None]
+    def start_operator(self, skew: float = 0.0) -> None:
+        """Start replicas until `replicas` run, each through a relay of its own (a source address
+        the audit log names it by); the first one started with its wall clock `skew` s ahead."""
+        self._reap()
         while len(self.processes) < self.replicas:
             argv, env = self.operator_command()
             priority, self._next_priority = self._next_priority, self._next_priority - 1
-            env.update(TOPOTRAIN_IDENTITY=replica_identity(priority), TOPOTRAIN_METRICS_PORT=str(free_port()),
+            original = Path(env["KUBECONFIG"])
+            port = int(re.search(r"server:\s*https?://[^:/\s]+:(\d+)", original.read_text()).group(1))  # type: ignore[union-attr]
+            relay = self.relays[priority] = TcpProxy(port, source=replica_address(priority)).start()
+            env.update(KUBECONFIG=str(relay.kubeconfig(original, self.workdir / f"operator-{priority}.kubeconfig")),
+                       TOPOTRAIN_IDENTITY=replica_identity(priority), TOPOTRAIN_METRICS_PORT=str(free_port()),
                        TOPOTRAIN_HEALTH_PORT=str(free_port()))  # fmt: skip
+            if skew:
+                env.update(LD_PRELOAD=str(FAKETIME), FAKETIME=f"{skew:+.0f}", FAKETIME_DONT_FAKE_MONOTONIC="1")
             with (self.workdir / f"operator-{priority}.log").open("ab") as log:
                 proc = subprocess.Popen(argv, env=env, cwd=self.workdir, stdin=subprocess.DEVNULL,
                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
             self.processes.append((priority, proc))
+            if self.record is not None:
+                self.record("replica", number=priority, identity=replica_identity(priority), pid=proc.pid,
+                            address=replica_address(priority), skew=skew,
+                            lease=env.get("TOPOTRAIN_LEASE_NAME"))  # fmt: skip
+            skew = 0.0
+
+    def _reap(self) -> None:
+        """Forget dead replicas; close their relays."""
+        for number, proc in self.processes:
+            if proc.poll() is not None and number in self.relays:
+                self.relays.pop(number).cut()
+        self.processes = [(p, proc) for p, proc in self.processes if proc.poll() is None]
+
+    def alive(self) -> list[int]:
+        return sorted(p for p, proc in self.processes if proc.poll() is None)
+
+    def kill(self, number: int) -> None:
+        for p, proc in self.processes:
+            if p == number and proc.poll() is None:
+                signal_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self._reap()
 
     def kill_acting(self) -> None:
         """SIGKILL the replica that acts (the Lease's holder; else the newest alive), as a node
@@ -115,6 +154,9 @@ class ChaosStack(Stack):
                 signal_group(proc.pid, signal.SIGKILL)
                 proc.wait()
         self.processes = []
+        for relay in self.relays.values():
+            relay.cut()
+        self.relays = {}
 
     def operator_alive(self) -> bool:
         return any(proc.poll() is None for _, proc in self.processes)
@@ -180,6 +222,8 @@ class Rig:
 
     def _set_up(self) -> Rig:
         started = time.monotonic()
+        self.bed.root.mkdir(parents=True, exist_ok=True)
+        (self.bed.root / AUDIT_POLICY).write_text(policy(self.namespace))  # read as kube-apiserver starts
         self.bed.up()
         self.node_names = apply_topology(self.kubeconfig, fleet(self.jobs))
         wait_nodes_ready(self.kubeconfig, self.node_names, timeout=300)
@@ -194,7 +238,7 @@ class Rig:
         self.proxy = S3Proxy(host, int(port), seed=self.seed).start()
         target = S3Target(self.proxy.endpoint, server.access_key, server.secret_key, self.bucket)
         self.stack = ChaosStack(self.kubeconfig, self.namespace, self.workdir / "stack", target,
-                                replicas=self.replicas).__enter__()  # fmt: skip
+                                replicas=self.replicas, record=self.history.add).__enter__()  # fmt: skip
         self.observer = Observer(
             self.history, self.core, self.stack.custom, self.namespace, server.client(),
             self.bucket, f"jobs/{self.namespace}/", self.stack.operator_pids,

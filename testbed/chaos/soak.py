@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed.chaos import checkers, report
+from testbed.chaos import audit, checkers, report
 from testbed.chaos.catalogue import CALM, Fault, Kind, schedule
 from testbed.chaos.nemesis import Nemesis
 from testbed.chaos.rig import Rig
@@ -96,6 +96,7 @@ def run_soak(config: SoakConfig, workdir: Path, log: Any = print) -> SoakResult:
             events = list(json_lines(rig.stack.harness.job_logs(rig.namespace, job)))
             rig.history.add("trainer-events", job=job,
                             events=[e for e in events if "event" in e and "time" in e])  # fmt: skip
+        rig.history.add("audit", events=audit.read(rig.bed.root / "audit.log"))  # who wrote pods, Leases
         records = list(rig.history.records)
         namespace, setup = rig.namespace, rig.setup_seconds
     logging.getLogger().removeHandler(handler)
