@@ -7,7 +7,7 @@
 | credentials-deleted | the jobs' checkpoint Secret deleted and one running pod deleted (its replacement needs the Secret); the Secret re-created after the duration |
 | checkpoint-tarpit | the S3 proxy relays every request for one job's keys to a `testbed.tarpit.Tarpit` (a 200 that trickles a byte every 0.5 s) for the duration |
 | replica-slow-api | one replica's relay to the API server (testbed.tcpproxy) holds every chunk 0.3-3 s, both ways, for the duration: its Lease renewals and watch events arrive late |
-| replica-clock-skew | one replica SIGKILLed and started again with its wall clock 30-600 s ahead (libfaketime, a test-boundary fake); after the duration it is replaced by one on the true clock |
+| replica-clock-skew | one replica SIGKILLed and started again with its wall clock 30-600 s ahead (libfaketime, a test-boundary fake); with two replicas the true-clock holder is then SIGKILLed so the skewed one takes over; after the duration the skewed one is SIGKILLed and replaced by one on the true clock, which takes over what it wrote |
 """
 
 from __future__ import annotations
@@ -159,11 +159,23 @@ class MoreFaults:
             return nemesis._skip(fault, "no replica")
         skew = round(30 + 570 * fault.size)
         nemesis._record(fault, self.rig.job_names(), replica=replica_identity(int(number)), skew=skew)
-        self.rig.stack.kill(int(number))
-        self.rig.stack.start_operator(skew=skew)
-        skewed = min(self.rig.stack.alive())  # the newest replica has the lowest number
-        self.rig.stack.wait_acting(timeout=300)
+        stack = self.rig.stack
+        stack.kill(int(number))
+        stack.start_operator(skew=skew)
+        skewed = min(stack.alive())  # the newest replica has the lowest number
+        stack.wait_acting(timeout=300)
+        holder = stack.holder()
+        if holder is not None and holder != skewed:
+            # the skewed replica takes over from one on the true clock, reading what it wrote
+            self._stop.wait(3.0)  # its watches listed first
+            stack.kill(holder)
+            stack.start_operator()
+            deadline = time.monotonic() + 120
+            while stack.holder() != skewed and time.monotonic() < deadline and not self._stop.wait(1.0):
+                pass
+        self.rig.history.add("skewed-replica", index=fault.index, identity=replica_identity(skewed),
+                             acting=stack.holder() == skewed)  # fmt: skip
         self._stop.wait(fault.duration)
-        self.rig.stack.kill(skewed)  # back on the true clock
-        self.rig.stack.start_operator()
+        stack.kill(skewed)  # back on the true clock; the next holder reads what it wrote
+        stack.start_operator()
         nemesis._heal_once_acting(fault)

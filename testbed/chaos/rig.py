@@ -116,6 +116,11 @@ class ChaosStack(Stack):
                 signal_group(proc.pid, signal.SIGKILL)
                 proc.wait()
 
+    def holder(self) -> int | None:
+        """The live replica holding the Lease (None: none, or one replica without a Lease)."""
+        alive = set(self.alive())
+        return acting_replica(self._lease_holder(), alive) if self.replicas > 1 else None
+
     def acting(self) -> bool:
         """True once a live replica acts: the Lease's holder is a live replica (a SIGKILLed
         replica stays the holder until the standby has seen its Lease unrenewed for the
