@@ -77,10 +77,13 @@ def job_manifest(name: str, namespace: str, nodes: int) -> dict[str, Any]:
 
 
 @contextmanager
-def operator(kubeconfig: str, namespace: str, strategy: str, log: Path) -> Iterator[None]:
+def operator(kubeconfig: str, namespace: str, strategy: str, log: Path,
+             endpoints: str = "127.0.0.1") -> Iterator[None]:
+    """The operator as a process, for `namespace` (a comma list: several); `endpoints`:
+    TOPOTRAIN_CHECKPOINT_ENDPOINTS (the testbed's S3 server is on loopback)."""
     path = os.pathsep.join(filter(None, [str(REPO / "operator"), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "KUBECONFIG": kubeconfig, "TOPOTRAIN_RECONCILE_INTERVAL": "5", "PYTHONPATH": path,
-           "TOPOTRAIN_CHECKPOINT_ENDPOINTS": "127.0.0.1"}  # the testbed's S3 server, on loopback
+           "TOPOTRAIN_CHECKPOINT_ENDPOINTS": endpoints}
     with log.open("ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "topotrain.cli", "run", "--standalone", "--namespace", namespace,
@@ -140,22 +143,36 @@ def measure(api: Any, kubeconfig: str, namespace: str, nodes: int, strategy: str
         wait_running(core, namespace, job, 0, pods, 300)
         times = []
         for number in range(1, failures + 1):
-            attempt = current_attempt(custom, namespace, job)
-            wait_running(core, namespace, job, attempt, pods, 300)
-            victim = rng.choice(gang(core, namespace, job, attempt))
-            fail_pod(kubeconfig, namespace, victim.metadata.name, exit_code=1)
-            start = time.monotonic()
-            wait_recovered(core, custom, namespace, job, attempt, pods, 300)
-            times.append(time.monotonic() - start)
+            times.append(fail_and_recover(kubeconfig, api, namespace, job, pods, rng))
             print(f"  {nodes:4d} nodes {strategy:11s} failure {number:2d}: {times[-1]:6.2f}s",
                   flush=True)
-        custom.delete_namespaced_custom_object("topotrain.io", "v1alpha1", namespace, "trainingjobs", job)
-        deadline = time.monotonic() + 120
-        while core.list_namespaced_pod(namespace, label_selector=f"topotrain.io/job={job}").items:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
+        delete_job(api, namespace, job)
     return times
+
+
+def fail_and_recover(kubeconfig: str, api: Any, namespace: str, job: str, pods: int,
+                     rng: random.Random) -> float:
+    """Fail a random pod of the job's Running gang (KWOK: exit code 1); seconds until a later
+    attempt has all `pods` Running."""
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    attempt = current_attempt(custom, namespace, job)
+    wait_running(core, namespace, job, attempt, pods, 300)
+    victim = rng.choice(gang(core, namespace, job, attempt))
+    fail_pod(kubeconfig, namespace, victim.metadata.name, exit_code=1)
+    start = time.monotonic()
+    wait_recovered(core, custom, namespace, job, attempt, pods, 300)
+    return time.monotonic() - start
+
+
+def delete_job(api: Any, namespace: str, job: str, timeout: float = 120) -> None:
+    """Delete the TrainingJob; wait (at most `timeout`) until its pods are gone."""
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    custom.delete_namespaced_custom_object("topotrain.io", "v1alpha1", namespace, "trainingjobs", job)
+    deadline = time.monotonic() + timeout
+    while core.list_namespaced_pod(namespace, label_selector=f"topotrain.io/job={job}").items:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -165,9 +182,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def run(kubeconfig: str, sizes: list[int], failures: int, seed: int) -> list[tuple[Any, ...]]:
     rows = []
-    subprocess.run([str(_kubectl()), "apply", "--server-side", "--force-conflicts", "--validate=false", "-f",
-                    str(REPO / "crds" / "topotrain.io_trainingjobs.yaml")],
-                   env={**os.environ, "KUBECONFIG": kubeconfig}, check=True, capture_output=True)
+    install_crd(kubeconfig)
     with api_client(kubeconfig) as api:
         core = client.CoreV1Api(api)
         for nodes in sizes:
@@ -188,6 +203,13 @@ def run(kubeconfig: str, sizes: list[int], failures: int, seed: int) -> list[tup
             core.delete_namespace(namespace)
             delete_topology(kubeconfig, f"recovery-{nodes}")
     return rows
+
+
+def install_crd(kubeconfig: str) -> None:
+    """The TrainingJob CRD, applied server-side to the cluster `kubeconfig` names."""
+    subprocess.run([str(_kubectl()), "apply", "--server-side", "--force-conflicts", "--validate=false", "-f",
+                    str(REPO / "crds" / "topotrain.io_trainingjobs.yaml")],
+                   env={**os.environ, "KUBECONFIG": kubeconfig}, check=True, capture_output=True)
 
 
 def _kubectl() -> Path:
