@@ -261,3 +261,19 @@ def test_a_lost_index_zero_gets_a_new_master_address() -> None:
     assert d.launch is not None and d.launch.in_place and d.launch.only == (0,)
     assert d.relabel is not None and d.relabel.master_addr == addr("job-1-0")
     assert d.launch.master_addr == addr("job-1-0")
+
+
+def test_a_failure_after_a_spec_edit_recreates_instead_of_keeping_pods_of_the_old_spec() -> None:
+    """Chaos soak seed 119 (issue 37, roll-crash then pod-deleted): a pod deleted right after a
+    spec edit, before the roll, was restarted in place: the kept pod ran the old spec's template
+    beside a replacement built from the new one, one gang of two specs. The gang is recreated."""
+    old = tuple(replace(p, template="old") for p in gang(0))
+    obs = running_inplace()
+    _, obs = run(replace(obs, template="old"), pods=old)
+    pods = list(old)
+    pods[1] = replace(pods[1], phase="Failed", exit_code=75)  # deleted, stopped
+    d, _ = run(replace(obs, template="new"), pods=tuple(pods), now=T0 + timedelta(seconds=5))
+    assert _recreates(d) and d.status.attempt == 1
+    # the same failure on the spec the pods run stays in place
+    d, _ = run(obs, pods=tuple(pods), now=T0 + timedelta(seconds=5))
+    assert d.relabel is not None and d.launch is not None and d.launch.only == (1,)

@@ -16,9 +16,12 @@ recreate), and the rest of the gang is kept. Everything else recreates the gang
 as before: `failurePolicy.restartInPlace: false`, the recreate strategy, a lost
 node holding more than one pod of the gang (or a re-plan that would move a
 healthy pod), an eviction or preemption, more than one pod to replace, a pod of
-the gang not Running, a checkpoint store that cannot be read, and a second
-failure before an in-place attempt trained its first step (its supervisors may
-not be able to restart: a recreate starts clean).
+the gang not Running, a checkpoint store that cannot be read, a pod of the
+gang built from another spec than the job's (an edit not rolled yet: kept, it
+would run the old spec beside a replacement built from the new one;
+reconcile_inplace.in_place_plan), and a second failure before an in-place
+attempt trained its first step (its supervisors may not be able to restart: a
+recreate starts clean).
 """
 
 from __future__ import annotations

@@ -33,6 +33,8 @@ def in_place_plan(
     if (not obs.spec.failure_policy.restart_in_place or obs.strategy != "incremental"
             or (ckpt is not None and not ckpt.reachable) or obs.config_problem is not None):
         return None, None
+    if any(p.template and obs.template and p.template != obs.template for p in current):
+        return None, None  # the spec changed: kept pods would run the old one beside the new
     data = sb.status.parallelism.data if sb.status.parallelism else obs.spec.parallelism.data
     expected = elastic.pods_for(obs.spec.parallelism, data, obs.spec.worker.gpus_per_pod)
     table = obs.rank_table
