@@ -1,5 +1,5 @@
 """Invariant 10, the roll floor: no restart resumes from a step trained under an older spec
-than the roll that preceded it.
+than the roll that preceded it (and no attempt runs pods of two specs).
 
 A roll is an attempt whose pods run another spec (their `topotrain.io/template` hash) than
 the attempt before it; it resumes from some step R (or fresh). The gang it replaced may
@@ -84,9 +84,9 @@ def check_roll_floor(t: Timeline, slack: float = 1.0) -> Verdict:
     checked = 0
     for job, attempts in sorted(_by_job(t).items()):
         saves = t.saves(job)
-        for attempt, roll, latest in _walk(attempts):
-            if latest is attempt and len(attempt.templates) > 1:
-                notes.append(f"{job} attempt {attempt.number}: pods of {len(attempt.templates)} specs")
+        for attempt, roll, _ in _walk(attempts):
+            if len(attempt.templates) > 1:  # one gang, two specs (an in-place restart across an edit)
+                problems.append(f"{job} attempt {attempt.number}: pods of {len(attempt.templates)} specs")
             if roll is None:
                 continue
             checked += 1

@@ -76,6 +76,15 @@ def test_the_trainers_commit_events_name_a_saver_the_listings_missed() -> None:
     assert verdict.ok and "whose saver was never seen" in verdict.notes[0]
 
 
+def test_an_attempt_with_pods_of_two_specs_is_a_violation() -> None:
+    """Mixed run seed 119: a restart in place kept a pod of the old spec beside a new one."""
+    history = rolled("20")
+    history.append(api(T0 + 60, [tpod(3, "B", "20", T0 + 60), {**tpod(3, "A", "20", T0 + 60), "index": 1,
+                                                                 "uid": "kept"}]))  # fmt: skip
+    verdict = checkers_roll.check_roll_floor(timeline(history))
+    assert not verdict.ok and verdict.details == ("a attempt 3: pods of 2 specs",)
+
+
 def test_no_roll_no_floor() -> None:
     # The same restarts on one spec: resuming from the newest step is the rule (invariant 1).
     history = [{**r, "pods": [{**p, "template": "A"} for p in r["pods"]]} if r["type"] == "api" else r
