@@ -114,22 +114,22 @@ def workload_for(
             "group": "scheduling.k8s.io", "kind": "PriorityClass", "name": class_name,
         }
         workload_spec["priority"] = priority
+    metadata = _metadata(JobMeta(job_name, namespace, uid), queue_name, sliced, replaces)
+    metadata["name"] = name or workload_name(job_name)
+    return {"apiVersion": KUEUE_API_VERSION, "kind": "Workload", "metadata": metadata,
+            "spec": workload_spec}
+
+
+def _metadata(job: JobMeta, queue_name: str, sliced: bool, replaces: str | None) -> dict[str, Any]:
     # The run's identity: MultiKueue's clone of this Workload on a worker cluster keeps it,
     # so every worker's copy of the job resumes the same run's checkpoints (multikueue.py).
-    annotations = {RUN_ANNOTATION: uid}
+    annotations = {RUN_ANNOTATION: job.uid}
     if sliced:
         annotations[ELASTIC_ANNOTATION] = "true"
     if replaces:
         annotations[REPLACES_ANNOTATION] = replaces
-    metadata = {
-        "name": name or workload_name(job_name),
-        "namespace": namespace,
-        "labels": {QUEUE_LABEL: queue_name},
-        "annotations": annotations,
-        "ownerReferences": [owner_reference(JobMeta(job_name, namespace, uid))],
-    }
-    return {"apiVersion": KUEUE_API_VERSION, "kind": "Workload", "metadata": metadata,
-            "spec": workload_spec}
+    return {"namespace": job.namespace, "labels": {QUEUE_LABEL: queue_name}, "annotations": annotations,
+            "ownerReferences": [owner_reference(job)]}
 
 
 def pod_template(spec: TrainingJobSpec, levels: TopologyLevels) -> dict[str, Any]:
