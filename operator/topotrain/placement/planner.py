@@ -46,14 +46,24 @@ def plan(request: GangRequest, inventory: Inventory) -> Plan:
     """Choose pool and data degree, then place the gang."""
     pools = inventory.pools()
     wanted = list(request.gpu_types) or list(pools)
+    views = {name: PoolView.of(name, pools[name]) for name in wanted if name in pools}
+    # The common case first: the first pool that holds the gang at its full degree is planned
+    # there once, optimised (a feasibility check at that degree would place the gang twice).
+    tried: dict[str, str] = {}
+    for name, view in views.items():
+        if request.allows(request.data) and _slots(request, view) >= request.pods(request.data):
+            full = plan_in_pool(request, view, request.data)
+            if full.feasible:
+                return full
+            tried[name] = full.reason or ""
     best: tuple[int, PoolView] | None = None
     reasons: list[str] = []
     for name in wanted:
-        if name not in pools:
+        if name not in views:
             reasons.append(f"pool {name}: no usable node (Ready, schedulable, tolerated, matching nodeSelector)")
             continue
-        view = PoolView.of(name, pools[name])
-        degree, why = largest_degree(request, view)
+        view = views[name]
+        degree, why = largest_degree(request, view, full_reason=tried.get(name))
         if degree is None:
             reasons.append(why)
         elif best is None or degree > best[0]:
@@ -65,17 +75,26 @@ def plan(request: GangRequest, inventory: Inventory) -> Plan:
     return plan_in_pool(request, best[1], best[0])
 
 
-def largest_degree(request: GangRequest, view: PoolView) -> tuple[int | None, str]:
+def _slots(request: GangRequest, view: PoolView) -> int:
+    return sum(n.free // request.gpus_per_pod for n in view.index.nodes)
+
+
+def largest_degree(request: GangRequest, view: PoolView, *,
+                   full_reason: str | None = None) -> tuple[int | None, str]:
     """The largest feasible data degree in [minData, data] in this pool, or why even the
-    smallest one tried does not fit."""
+    smallest one tried does not fit. `full_reason`: the full degree was already tried (and
+    did not fit, for this reason)."""
     reason = ""
     short_of_pods: int | None = None
-    slots = sum(n.free // request.gpus_per_pod for n in view.index.nodes)
+    slots = _slots(request, view)
     for degree in range(request.data, request.lowest_data - 1, -1):
         if not request.allows(degree):
             continue
         if slots < request.pods(degree):
             short_of_pods = degree
+            continue
+        if degree == request.data and full_reason is not None:
+            reason, short_of_pods = full_reason, None
             continue
         assign, reason = place(request, view, degree, optimise=False)
         if assign is not None:
