@@ -18,9 +18,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from testbed import faults
+from testbed import faketime, faults
 from testbed.chaos.catalogue import Fault, choose
-from testbed.chaos.rig import FAKETIME, replica_identity
+from testbed.chaos.rig import replica_identity
 from testbed.harness_stack import CREDENTIALS_SECRET
 from testbed.tarpit import Tarpit
 
@@ -152,8 +152,8 @@ class MoreFaults:
 
     def _replica_clock_skew(self, fault: Fault) -> None:
         nemesis: Any = self
-        if not FAKETIME.exists():
-            return nemesis._skip(fault, "libfaketime not installed")
+        if faketime.library() is None:
+            return nemesis._skip(fault, "libfaketime not found (apt-get download libfaketime failed)")
         number = choose([str(n) for n in self.rig.stack.alive()], fault.pick)
         if number is None:
             return nemesis._skip(fault, "no replica")

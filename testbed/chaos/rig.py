@@ -25,6 +25,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from testbed import faketime
 from testbed.chaos.audit import policy, replica_address
 from testbed.chaos.history import History, Observer
 from testbed.chaos.s3proxy import S3Proxy
@@ -37,9 +38,8 @@ from testbed.nodes import apply_topology, wait_nodes_ready
 from testbed.procs import free_port, signal_group, wait_until
 from testbed.tcpproxy import TcpProxy
 
-# A test-boundary fake of a skewed wall clock: libfaketime (Debian's libfaketime) offsets
-# CLOCK_REALTIME for one replica's process (time.time, datetime.now), never its monotonic clock.
-FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+# A test-boundary fake of a skewed wall clock: libfaketime (Debian's libfaketime, testbed/faketime.py)
+# offsets CLOCK_REALTIME for one replica's process (time.time, datetime.now), never its monotonic clock.
 
 
 class ChaosStack(Stack):
@@ -69,8 +69,8 @@ class ChaosStack(Stack):
             env.update(KUBECONFIG=str(relay.kubeconfig(original, self.workdir / f"operator-{priority}.kubeconfig")),
                        TOPOTRAIN_IDENTITY=replica_identity(priority), TOPOTRAIN_METRICS_PORT=str(free_port()),
                        TOPOTRAIN_HEALTH_PORT=str(free_port()))  # fmt: skip
-            if skew:
-                env.update(LD_PRELOAD=str(FAKETIME), FAKETIME=f"{skew:+.0f}", FAKETIME_DONT_FAKE_MONOTONIC="1")
+            if skew and (library := faketime.library()) is not None:
+                env.update(LD_PRELOAD=str(library), FAKETIME=f"{skew:+.0f}", FAKETIME_DONT_FAKE_MONOTONIC="1")
             with (self.workdir / f"operator-{priority}.log").open("ab") as log:
                 proc = subprocess.Popen(argv, env=env, cwd=self.workdir, stdin=subprocess.DEVNULL,
                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
