@@ -157,18 +157,21 @@ class QueueLink:
             return first  # a namesake's: _foreign says what to do
         found = kueue_slices.read(*mine)
         for old in found.stale:
-            meta = old.get("metadata") or {}
-            self.kube.delete_workload(self.key[0], str(meta.get("name")), str(meta.get("uid") or ""))
-            log.info("%s/%s: deleted Workload %s, replaced by a slice", *self.key, meta.get("name"))
+            log.info("%s/%s: deleting Workload %s, replaced by a slice", *self.key, self._delete(old))
         self.pending = found.pending
         if found.current is not None:
             self.name = str((found.current.get("metadata") or {}).get("name"))
         return dict(found.current) if found.current is not None else None
 
+    def _delete(self, workload: Mapping[str, Any]) -> str:
+        """Delete that Workload of the job (that uid only); its name."""
+        meta = workload.get("metadata") or {}
+        self.kube.delete_workload(self.key[0], str(meta.get("name")), str(meta.get("uid") or ""))
+        return str(meta.get("name"))
+
     def _drop_pending(self) -> None:
         if self.pending is not None:
-            meta = self.pending.get("metadata") or {}
-            self.kube.delete_workload(self.key[0], str(meta.get("name")), str(meta.get("uid") or ""))
+            self._delete(self.pending)
             self.pending = None
 
     def _resize(self, view: QueueView, workload: Mapping[str, Any], spec: TrainingJobSpec,

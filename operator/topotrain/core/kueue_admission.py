@@ -141,6 +141,11 @@ def _is_true(conditions: Mapping[str, Mapping[str, Any]], kind: str) -> bool:
     return conditions.get(kind, {}).get("status") == "True"
 
 
+def condition_true(workload: Mapping[str, Any], kind: str) -> bool:
+    """Whether the Workload's condition `kind` is True."""
+    return _is_true(_conditions(workload.get("status") or {}), kind)
+
+
 def _worker_assignments(admission: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """The `workers` podSet's assignments; all of them for a Workload built elsewhere."""
     every: Sequence[Mapping[str, Any]] = admission.get("podSetAssignments") or []

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from topotrain.core.kueue import ELASTIC_ANNOTATION, REPLACES_ANNOTATION, workload_name
+from topotrain.core.kueue_admission import QUOTA_RESERVED, condition_true
+from topotrain.core.multikueue import FINISHED
 
-FINISHED = "Finished"
-SLICE_REPLACED = "WorkloadSliceReplaced"
 _ALTERNATE = ".slice"  # not a valid name character: the alternate name always ends in a hash
 
 
@@ -60,20 +60,13 @@ def pod_count(workload: Mapping[str, Any]) -> int:
     return int(pod_sets[0].get("count") or 0)
 
 
-def _condition(workload: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
-    for condition in (workload.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == kind:
-            return condition  # type: ignore[no-any-return]
-    return {}
-
-
 def finished(workload: Mapping[str, Any]) -> bool:
-    return _condition(workload, FINISHED).get("status") == "True"
+    return condition_true(workload, FINISHED)
 
 
 def reserved(workload: Mapping[str, Any]) -> bool:
     """Kueue reserved quota for it (QuotaReserved True)."""
-    return _condition(workload, "QuotaReserved").get("status") == "True"
+    return condition_true(workload, QUOTA_RESERVED)
 
 
 def _key(workload: Mapping[str, Any]) -> str:
