@@ -46,11 +46,15 @@ def plan(request: GangRequest, inventory: Inventory) -> Plan:
     """Choose pool and data degree, then place the gang."""
     pools = inventory.pools()
     wanted = list(request.gpu_types) or list(pools)
-    views = {name: PoolView.of(name, pools[name]) for name in wanted if name in pools}
     # The common case first: the first pool that holds the gang at its full degree is planned
-    # there once, optimised (a feasibility check at that degree would place the gang twice).
+    # there once, optimised (a feasibility check at that degree would place the gang twice);
+    # the pools after it are never indexed.
+    views: dict[str, PoolView] = {}
     tried: dict[str, str] = {}
-    for name, view in views.items():
+    for name in wanted:
+        if name not in pools:
+            continue
+        view = views[name] = PoolView.of(name, pools[name])
         if request.allows(request.data) and _slots(request, view) >= request.pods(request.data):
             full = plan_in_pool(request, view, request.data)
             if full.feasible:
@@ -67,9 +71,7 @@ def plan(request: GangRequest, inventory: Inventory) -> Plan:
         if degree is None:
             reasons.append(why)
         elif best is None or degree > best[0]:
-            best = (degree, view)
-            if degree == request.data:
-                break
+            best = (degree, view)  # below the full degree: that was tried above
     if best is None:
         return Plan.infeasible("; ".join(reasons) or "no pool with GPUs")
     return plan_in_pool(request, best[1], best[0])
