@@ -1,7 +1,8 @@
 """Restarts and the faults that may explain them, for invariants 9 and 12 (pure functions of
 the history).
 
-A restart is a new attempt at the same data degree (a resize changes it). A fault may explain
+A restart is a new attempt at the same data degree (a resize changes it), except an attempt
+the API server showed retargeted (an in-place restart told a newer commit: one restart). A fault may explain
 a restart of a job it touched when it began at most 2 s before the restart and either ended at
 most `window` s before it or began after the previous attempt did (that attempt's restart may
 have waited for capacity for minutes). A node fault touches every job with a pod bound or
@@ -41,10 +42,11 @@ def candidates(found: list[Cause], job: str, began: float, at: float, window: fl
 
 
 def restarts(t: Timeline, job: str) -> list[tuple[float, int, float]]:
-    """(when the previous attempt began, the new attempt's number, when it began) of each restart."""
-    ordered = _attempt_sizes(t, job)
+    """(when the previous attempt began, the new attempt's number, when it began) of each restart.
+    A retargeted attempt (Timeline.retargeted) continues its predecessor's restart."""
+    ordered, moved = _attempt_sizes(t, job), t.retargeted(job)
     return [(began, number, at) for (_, size_a, began), (number, size_b, at) in itertools.pairwise(ordered)
-            if size_a == size_b]  # fmt: skip
+            if size_a == size_b and number not in moved]  # fmt: skip
 
 
 def _placed_during(t: Timeline, fault: dict[str, Any], heals: dict[object, float]) -> set[str]:

@@ -30,7 +30,8 @@ def check_one_restart_per_failure(t: Timeline, window: float = 120.0) -> Verdict
                 alone[(which[0], job)].append(number)
     problems = [
         f"{job}: one {found[i].kind} at t={found[i].start:.0f}, no other fault near, restarted it "
-        f"{len(numbers)} times (attempts {numbers})"
+        f"{len(numbers)} times (attempts {numbers}: "
+        f"{'; '.join(f'{n}: {t.attempt_status(job, n)}' for n in numbers)})"
         for (i, job), numbers in sorted(alone.items()) if len(numbers) > ONCE[found[i].kind]
     ]  # fmt: skip
     return verdict("12 one failure, one restart", checked, problems)

@@ -19,6 +19,7 @@ from typing import Any
 
 from topotrain.contract import ATTEMPT_ANNOTATION, RESUME_STEP_ANNOTATION
 from topotrain.core.manifests import NODE_ANNOTATION, TEMPLATE_ANNOTATION
+from topotrain.core.status_lifecycle import RETARGETED
 
 from testbed.harness import ATTEMPT_LABEL, INDEX_LABEL, JOB_LABEL
 
@@ -89,6 +90,8 @@ def job_record(job: dict[str, Any]) -> dict[str, Any]:
                        for c in status.get("conditions") or []],
         "deleting": bool(job["metadata"].get("deletionTimestamp")),
         "attempt": status.get("attempt"), "restarts": status.get("restarts"), "lastFailure": (status.get("lastFailure") or {}).get("reason"),
+        # an in-place attempt moved on to a newer commit before its replacements were created
+        "retargeted": str((status.get("recovery") or {}).get("resumeReason") or "").startswith(RETARGETED),
     }  # fmt: skip
 
 

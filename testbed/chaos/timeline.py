@@ -109,6 +109,22 @@ class Timeline:
                     attempt.templates.add(pod["template"])
         return found
 
+    def retargeted(self, job: str) -> set[int]:
+        """The job's attempts that the API server showed retargeted: an in-place attempt moved on,
+        before its replacement pods were created, to a step committed after it was told one (the
+        operator's _retarget; not a restart of its own)."""
+        return {int(seen["attempt"]) for record in self.api for seen in record["jobs"]
+                if seen["name"] == job and seen.get("retargeted") and seen.get("attempt") is not None}  # fmt: skip
+
+    def attempt_status(self, job: str, attempt: int) -> str:
+        """What the first poll that showed the job at `attempt` said of it (for a report):
+        status.restarts and lastFailure's reason, or '?' when no poll caught that attempt."""
+        for record in self.api:
+            for seen in record["jobs"]:
+                if seen["name"] == job and seen.get("attempt") == attempt:
+                    return f"restarts {seen.get('restarts')}, lastFailure {seen.get('lastFailure')}"
+        return "?"
+
     def commits(self) -> dict[str, dict[int, float]]:
         """job -> step -> the COMMITTED marker's LastModified, over every listing."""
         seen: dict[str, dict[int, float]] = defaultdict(dict)

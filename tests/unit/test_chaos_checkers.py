@@ -285,10 +285,31 @@ def test_one_crash_alone_restarting_a_job_twice_is_a_double_restart() -> None:
     events = {"t": T0 + 400, "type": "trainer-events", "job": "a",
               "events": [start(0, T0), start(1, T0 + 12), start(2, T0 + 40)]}  # fmt: skip
     verdict = checkers.check_one_restart_per_failure(timeline([created("a"), crash, events]))
-    assert not verdict.ok and "restarted it 2 times (attempts [1, 2])" in verdict.details[0]
+    assert not verdict.ok and "restarted it 2 times (attempts [1, 2]" in verdict.details[0]
     assert checkers.check_restarts_explained(timeline([created("a"), crash, events])).ok  # 9 allows it
     deleted = {"t": T0 + 38, "type": "fault", "index": 1, "kind": "pod-deleted", "jobs": ["a"], "duration": 0}
     assert checkers.check_one_restart_per_failure(timeline([created("a"), crash, deleted, events])).ok
     once = {**events, "events": events["events"][:2]}
     verdict = checkers.check_one_restart_per_failure(timeline([created("a"), crash, once]))
     assert verdict.ok and verdict.checked == 1
+
+
+def test_a_retargeted_in_place_attempt_is_not_a_second_restart() -> None:
+    """Invariant 12: a deleted pod restarts the job in place (attempt 1); a step committed by the
+    dying gang before the replacement was created moves that restart on to attempt 2 (the
+    operator's retarget, status.recovery.resumeReason says so): one restart, not two. The same
+    attempts without that status are a double restart."""
+    def start(attempt: int, at: float) -> dict[str, Any]:
+        return {"event": "start", "attempt": attempt, "resume": None, "pods": 1, "time": at}
+
+    deleted = {"t": T0 + 10, "type": "fault", "index": 0, "kind": "pod-deleted", "jobs": ["a"], "duration": 0}
+    events = {"t": T0 + 400, "type": "trainer-events", "job": "a",
+              "events": [start(0, T0), start(1, T0 + 12), start(2, T0 + 40)]}  # fmt: skip
+    seen = {**job("a"), "attempt": 2, "retargeted": True}
+    moved = api(T0 + 41, [pod("a", 2, 0, created=T0 + 40)], [seen])
+    verdict = checkers.check_one_restart_per_failure(timeline([created("a"), deleted, events, moved]))
+    assert verdict.ok and verdict.checked == 1
+    assert checkers.check_restarts_explained(timeline([created("a"), deleted, events, moved])).ok
+    plain = api(T0 + 41, [pod("a", 2, 0, created=T0 + 40)], [{**seen, "retargeted": False}])
+    verdict = checkers.check_one_restart_per_failure(timeline([created("a"), deleted, events, plain]))
+    assert not verdict.ok and "restarted it 2 times (attempts [1, 2]" in verdict.details[0]

@@ -11,6 +11,7 @@ from topotrain.api.status import Reason
 from topotrain.checkpoints import WorkerFailure
 from topotrain.core.decision import Decision, Observed
 from topotrain.core.policy import NodeView, PodView
+from topotrain.core.status_lifecycle import RETARGETED
 
 from tests.unit.test_reconcile import T0, FakePlanner, gang, observed, run, spec
 
@@ -84,6 +85,9 @@ def test_a_step_committed_before_the_replacement_exists_moves_the_attempt_on_to_
     assert (d2.relabel.attempt, d2.relabel.resume_step) == (2, 210)
     assert d2.launch is not None and (d2.launch.attempt, d2.launch.only, d2.launch.resume_step) == (2, (1,), 210)
     assert d2.status.attempt == 2 and d2.status.restarts == 1 and d2.delete == []
+    # The chaos soak tells a retarget from a second restart by this (testbed/chaos/causes.py).
+    rec = d2.status.recovery
+    assert rec is not None and (rec.resume_reason or "").startswith(RETARGETED)
     assert any(r == Reason.RESTARTED_IN_PLACE and "step 210 was committed" in m for _, r, m in d2.events)
     # Without a newer commit the replacement is simply created again for attempt 1.
     _, again = run(obs, pods=crash(1), now=T0 + timedelta(seconds=5))

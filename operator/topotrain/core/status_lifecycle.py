@@ -25,6 +25,9 @@ from topotrain.core.node_failures import avoided_nodes, record_node_failures
 from topotrain.core.policy import APPLICATION, Failure, RestartDecision, used_budgets
 from topotrain.core.status_edits import NORMAL, WARNING, StatusEdits, iso
 
+# How a retargeted attempt's status.recovery.resumeReason begins: not a restart of its own.
+RETARGETED = "a newer commit than step"
+
 
 class LifecycleStatus(StatusEdits):
     """The transitions of a job's lifecycle (the rest of the pass's are in StatusBuilder)."""
@@ -102,7 +105,7 @@ class LifecycleStatus(StatusEdits):
         assert rec is not None
         told = rec.resume_step
         rec.resume_step, rec.replaced_indices = step, sorted(missing)
-        rec.resume_reason = f"a newer commit than step {told}, the one attempt {attempt} was told"
+        rec.resume_reason = f"{RETARGETED} {told}, the one attempt {attempt} was told"
         self.status.attempt, self.status.attempt_start_time = next_attempt, iso(self.now)
         message = (f"attempt {next_attempt} from step {step} in place: step {step} was committed "
                    f"after attempt {attempt} was told step {told}, before its replacement pods "
