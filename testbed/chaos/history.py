@@ -90,6 +90,7 @@ def job_record(job: dict[str, Any]) -> dict[str, Any]:
                        for c in status.get("conditions") or []],
         "deleting": bool(job["metadata"].get("deletionTimestamp")),
         "attempt": status.get("attempt"), "restarts": status.get("restarts"), "lastFailure": (status.get("lastFailure") or {}).get("reason"),
+        "lastFailurePod": (status.get("lastFailure") or {}).get("pod"),
         # an in-place attempt moved on to a newer commit before its replacements were created
         "retargeted": str((status.get("recovery") or {}).get("resumeReason") or "").startswith(RETARGETED),
     }  # fmt: skip

@@ -122,7 +122,10 @@ class Timeline:
         for record in self.api:
             for seen in record["jobs"]:
                 if seen["name"] == job and seen.get("attempt") == attempt:
-                    return f"restarts {seen.get('restarts')}, lastFailure {seen.get('lastFailure')}"
+                    why = ", ".join(f"{c[0]} {c[2]}" for c in seen.get("conditions") or []
+                                    if c[0] in ("Recovering", "Ready"))  # fmt: skip
+                    return (f"restarts {seen.get('restarts')}, lastFailure {seen.get('lastFailure')} "
+                            f"of {seen.get('lastFailurePod')}, data {seen.get('data')}, {why}")
         return "?"
 
     def commits(self) -> dict[str, dict[int, float]]:
