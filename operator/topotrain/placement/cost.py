@@ -24,18 +24,20 @@ class DomainIndex:
     def __init__(self, nodes: Sequence[NodeInfo]) -> None:
         self.nodes = list(nodes)
         self.names = [n.name for n in self.nodes]
-        ids: list[dict[tuple[str, ...], int]] = [{}, {}, {}]
-        keys: list[list[tuple[str, ...]]] = [[n.nvlink for n in self.nodes], [n.rack for n in self.nodes], [n.block for n in self.nodes]]
+        # A domain's key is its path prefix (NodeInfo.nvlink, .rack, .block), sliced here
+        # without the properties' calls: a 50,000-node pool is indexed on every plan.
+        paths = [n.path for n in self.nodes]
+        keys: list[list[object]] = [[p[:3] for p in paths], [p[:2] for p in paths], [p[0] for p in paths]]
         self.dom: list[list[int]] = []
-        for level, level_keys in enumerate(keys):
-            table = ids[level]
+        for level_keys in keys:
+            table: dict[object, int] = {}
             self.dom.append([table.setdefault(k, len(table)) for k in level_keys])
         self.clique, self.rack, self.block = self.dom
         self.rack_free: dict[int, int] = {}  # free GPUs per rack id
         # fill.Tree's domain structure per pod size (the index's nodes do not change)
         self.trees: dict[int, tuple[list[int], dict[int, list[int]], dict[int, list[int]], dict[int, list[int]]]] = {}
-        for i, node in enumerate(self.nodes):
-            self.rack_free[self.rack[i]] = self.rack_free.get(self.rack[i], 0) + node.free
+        for rack, node in zip(self.rack, self.nodes, strict=True):
+            self.rack_free[rack] = self.rack_free.get(rack, 0) + node.free
 
     def distance(self, a: int, b: int) -> int:
         if a == b:

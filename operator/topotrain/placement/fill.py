@@ -192,13 +192,15 @@ def _running(values: list[int]) -> list[int]:
     return out
 
 
-def select(tree: Tree, need: int, how: Selection = KUEUE) -> list[tuple[int, int]] | None:
+def select(tree: Tree, need: int, how: Selection = KUEUE,
+           caps: Capacities | None = None) -> list[tuple[int, int]] | None:
     """Ordered (clique, units) covering `need` units: the lowest level at which one domain
-    fits decides (as in Kueue), else the fewest blocks, racks and cliques."""
+    fits decides (as in Kueue), else the fewest blocks, racks and cliques. `caps`: the tree's
+    capacities now (Tree.capacities), when the caller has them."""
 
     # The tree does not change during a selection: every capacity is summed once (a 10,000-node
     # pool asks for them hundreds of thousands of times).
-    caps = tree.capacities()
+    caps = tree.capacities() if caps is None else caps
     clique_cap, rack_cap, block_cap = caps.clique.__getitem__, caps.rack.__getitem__, caps.block.__getitem__
 
     def rack_span(rack: int, n: int) -> tuple[int, ...]:
