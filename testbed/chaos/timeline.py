@@ -118,7 +118,8 @@ class Timeline:
 
     def attempt_status(self, job: str, attempt: int) -> str:
         """What the first poll that showed the job at `attempt` said of it (for a report):
-        status.restarts and lastFailure's reason, or '?' when no poll caught that attempt."""
+        status.restarts, lastFailure's reason and pod, the data degree and the Recovering and
+        Ready reasons, or '?' when no poll caught that attempt."""
         for record in self.api:
             for seen in record["jobs"]:
                 if seen["name"] == job and seen.get("attempt") == attempt:
