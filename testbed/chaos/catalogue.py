@@ -43,6 +43,7 @@ class Kind(StrEnum):
     CHECKPOINT_TARPIT = "checkpoint-tarpit"  # one job's store requests trickle bytes for `duration`
     REPLICA_SLOW_API = "replica-slow-api"  # one replica's API connections delayed for `duration`
     REPLICA_CLOCK_SKEW = "replica-clock-skew"  # one replica restarted with its wall clock ahead
+    REPLICA_SLOW_JOB_WATCH = "replica-slow-job-watch"  # one replica's TrainingJob watch late, pods on time
 
 
 # (weight, (shortest, longest) duration in seconds)
@@ -70,18 +71,20 @@ CATALOGUE: dict[Kind, tuple[float, tuple[float, float]]] = {
     Kind.CHECKPOINT_TARPIT: (2, (15, 40)),
     Kind.REPLICA_SLOW_API: (2, (10, 30)),
     Kind.REPLICA_CLOCK_SKEW: (2, (20, 60)),
+    Kind.REPLICA_SLOW_JOB_WATCH: (2, (20, 60)),
 }
 # The bounded soak draws only the classes from before issue 37, so its seed keeps its schedule
 # (a class added to the draw changes every seed's schedule); the bench draws them all.
 ISSUE_37 = frozenset({Kind.NODES_GONE_OPERATOR_DOWN, Kind.ROLL_CRASH, Kind.CREDENTIALS_DELETED,
-                      Kind.CHECKPOINT_TARPIT, Kind.REPLICA_SLOW_API, Kind.REPLICA_CLOCK_SKEW})  # fmt: skip
+                      Kind.CHECKPOINT_TARPIT, Kind.REPLICA_SLOW_API, Kind.REPLICA_CLOCK_SKEW,
+                      Kind.REPLICA_SLOW_JOB_WATCH})  # fmt: skip
 CLASSIC = frozenset(Kind) - ISSUE_37
 # Faults that hit every job at once: one at a time, each followed by CALM seconds without
 # another, so their rate does not grow with the fleet and jobs get windows to make progress.
 GLOBAL = {Kind.S3_DOWN, Kind.S3_SLOW, Kind.S3_ERRORS, Kind.APISERVER_RESTART,
           Kind.OPERATOR_KILL, Kind.OPERATOR_FAILOVER, Kind.QUOTA,
           Kind.NODES_GONE_OPERATOR_DOWN, Kind.CREDENTIALS_DELETED, Kind.REPLICA_SLOW_API,
-          Kind.REPLICA_CLOCK_SKEW}  # fmt: skip
+          Kind.REPLICA_CLOCK_SKEW, Kind.REPLICA_SLOW_JOB_WATCH}  # fmt: skip
 CALM = 30.0
 # A tarpit hits its job's namespace (the operator's store reads are bounded per namespace, and
 # the soak's jobs share one), so one at a time; it may overlap other faults.

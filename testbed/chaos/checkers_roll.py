@@ -57,13 +57,19 @@ def _walk(attempts: list[Attempt]) -> list[tuple[Attempt, Attempt | None, Attemp
 
 def behind_floor(t: Timeline) -> Callable[[str, int, int, float], bool]:
     """`behind(job, attempt, step, moment)`: whether a commit of `step` is, for that attempt, a
-    step the gang replaced by the last roll saved after the roll's step (so not resumable; by
-    `moment` the marker was that gang's). Invariant 1 does not count such a newer commit."""
+    step the gang replaced by the last planned change saved after the change's step (so not
+    resumable; by `moment` the marker was that gang's). A planned change is a roll (seen from
+    the pods' templates) or an attempt the operator's status.plannedRestore named (a resize, a
+    drain); its step is what its pods were told. Invariant 1 does not count such a newer commit."""
     floors: dict[tuple[str, int], tuple[int, int | None]] = {}
     for job, attempts in _by_job(t).items():
+        planned = t.planned(job)
+        last: Attempt | None = None
         for attempt, _, roll in _walk(attempts):
-            if roll is not None:
-                floors[(job, attempt.number)] = (roll.number, _resume(roll))
+            if attempt.number in planned or (roll is not None and roll.number == attempt.number):
+                last = attempt
+            if last is not None:
+                floors[(job, attempt.number)] = (last.number, _resume(last))
     saves = {job: t.saves(job) for job, _ in floors}
 
     def behind(job: str, attempt: int, step: int, moment: float) -> bool:

@@ -93,6 +93,8 @@ def job_record(job: dict[str, Any]) -> dict[str, Any]:
         "lastFailurePod": (status.get("lastFailure") or {}).get("pod"),
         # an in-place attempt moved on to a newer commit before its replacements were created
         "retargeted": str((status.get("recovery") or {}).get("resumeReason") or "").startswith(RETARGETED),
+        # the first attempt of the last planned change (a resize, a drain, a rollout; resume.py)
+        "planned": (status.get("plannedRestore") or {}).get("attempt"),
     }  # fmt: skip
 
 

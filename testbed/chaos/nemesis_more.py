@@ -8,6 +8,7 @@
 | checkpoint-tarpit | the S3 proxy relays every request for one job's keys to a `testbed.tarpit.Tarpit` (a 200 that trickles a byte every 0.5 s) for the duration |
 | replica-slow-api | one replica's relay to the API server (testbed.tcpproxy) holds every chunk 0.3-3 s, both ways, for the duration: its Lease renewals and watch events arrive late |
 | replica-clock-skew | one replica SIGKILLed and started again with its wall clock 30-600 s ahead (libfaketime, a test-boundary fake); with two replicas the true-clock holder is then SIGKILLed so the skewed one takes over; after the duration the skewed one is SIGKILLed and replaced by one on the true clock, which takes over what it wrote |
+| replica-slow-job-watch | as replica-clock-skew, but the replica started again has its TrainingJob watch 1-8 s late (testbed/chaos/slow_watch.py, a test-boundary fake around kopf's watch stream) and its pod, node and Workload watches on time: it sees pods change before the status that changed with them (issue 37 item 1) |
 """
 
 from __future__ import annotations
@@ -159,23 +160,39 @@ class MoreFaults:
             return nemesis._skip(fault, "no replica")
         skew = round(30 + 570 * fault.size)
         nemesis._record(fault, self.rig.job_names(), replica=replica_identity(int(number)), skew=skew)
+        self._acting_while(fault, int(number), "skewed-replica", skew=skew)
+
+    def _replica_slow_job_watch(self, fault: Fault) -> None:
+        nemesis: Any = self
+        number = choose([str(n) for n in self.rig.stack.alive()], fault.pick)
+        if number is None:
+            return nemesis._skip(fault, "no replica")
+        delay = round(1 + 7 * fault.size, 1)
+        nemesis._record(fault, self.rig.job_names(), replica=replica_identity(int(number)), delay=delay)
+        self._acting_while(fault, int(number), "slow-watch-replica", watch_delay=delay)
+
+    def _acting_while(self, fault: Fault, number: int, what: str, **started: float) -> None:
+        """Replace replica `number` by one started with `started` (start_operator's skew or
+        watch_delay); with two replicas, the unchanged holder is then SIGKILLed so the changed one
+        takes over, reading what the other wrote; after the duration the changed one is
+        SIGKILLed and replaced by an unchanged one, which takes over what it wrote."""
+        nemesis: Any = self
         stack = self.rig.stack
-        stack.kill(int(number))
-        stack.start_operator(skew=skew)
-        skewed = min(stack.alive())  # the newest replica has the lowest number
+        stack.kill(number)
+        stack.start_operator(**started)
+        changed = min(stack.alive())  # the newest replica has the lowest number
         stack.wait_acting(timeout=300)
         holder = stack.holder()
-        if holder is not None and holder != skewed:
-            # the skewed replica takes over from one on the true clock, reading what it wrote
+        if holder is not None and holder != changed:
             self._stop.wait(3.0)  # its watches listed first
             stack.kill(holder)
             stack.start_operator()
             deadline = time.monotonic() + 120
-            while stack.holder() != skewed and time.monotonic() < deadline and not self._stop.wait(1.0):
+            while stack.holder() != changed and time.monotonic() < deadline and not self._stop.wait(1.0):
                 pass
-        self.rig.history.add("skewed-replica", index=fault.index, identity=replica_identity(skewed),
-                             acting=stack.holder() == skewed)  # fmt: skip
+        self.rig.history.add(what, index=fault.index, identity=replica_identity(changed),
+                             acting=stack.holder() == changed)  # fmt: skip
         self._stop.wait(fault.duration)
-        stack.kill(skewed)  # back on the true clock; the next holder reads what it wrote
+        stack.kill(changed)
         stack.start_operator()
         nemesis._heal_once_acting(fault)

@@ -18,6 +18,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -26,6 +27,8 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from testbed import faketime
+from testbed.binaries import REPO_ROOT
+from testbed.chaos import slow_watch
 from testbed.chaos.audit import policy, replica_address
 from testbed.chaos.history import History, Observer
 from testbed.chaos.s3proxy import S3Proxy
@@ -56,9 +59,10 @@ class ChaosStack(Stack):
         if replicas > 1:
             self.chart_values = {**self.chart_values, "leaderElection": {"enabled": True}}
 
-    def start_operator(self, skew: float = 0.0) -> None:
+    def start_operator(self, skew: float = 0.0, watch_delay: float = 0.0) -> None:
         """Start replicas until `replicas` run, each through a relay of its own (a source address
-        the audit log names it by); the first one started with its wall clock `skew` s ahead."""
+        the audit log names it by); the first one started with its wall clock `skew` s ahead, or
+        with its TrainingJob watch `watch_delay` s late (testbed/chaos/slow_watch.py)."""
         self._reap()
         while len(self.processes) < self.replicas:
             argv, env = self.operator_command()
@@ -71,15 +75,19 @@ class ChaosStack(Stack):
                        TOPOTRAIN_HEALTH_PORT=str(free_port()))  # fmt: skip
             if skew and (library := faketime.library()) is not None:
                 env.update(LD_PRELOAD=str(library), FAKETIME=f"{skew:+.0f}", FAKETIME_DONT_FAKE_MONOTONIC="1")
+            if watch_delay:
+                argv = [sys.executable, "-m", "testbed.chaos.slow_watch", *argv]
+                env.update(PYTHONPATH=os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]),
+                           **{slow_watch.DELAY: str(watch_delay)})  # fmt: skip
             with (self.workdir / f"operator-{priority}.log").open("ab") as log:
                 proc = subprocess.Popen(argv, env=env, cwd=self.workdir, stdin=subprocess.DEVNULL,
                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
             self.processes.append((priority, proc))
             if self.record is not None:
                 self.record("replica", number=priority, identity=replica_identity(priority), pid=proc.pid,
-                            address=replica_address(priority), skew=skew,
+                            address=replica_address(priority), skew=skew, watch_delay=watch_delay,
                             lease=env.get("TOPOTRAIN_LEASE_NAME"))  # fmt: skip
-            skew = 0.0
+            skew = watch_delay = 0.0
 
     def _reap(self) -> None:
         """Forget dead replicas; close their relays."""

@@ -116,6 +116,13 @@ class Timeline:
         return {int(seen["attempt"]) for record in self.api for seen in record["jobs"]
                 if seen["name"] == job and seen.get("retargeted") and seen.get("attempt") is not None}  # fmt: skip
 
+    def planned(self, job: str) -> set[int]:
+        """The job's attempts that began a planned change (a resize, a drain, a rollout: the
+        operator's status.plannedRestore named them), after which the replaced gang's later
+        commits are not resumable."""
+        return {int(seen["planned"]) for record in self.api for seen in record["jobs"]
+                if seen["name"] == job and seen.get("planned") is not None}  # fmt: skip
+
     def attempt_status(self, job: str, attempt: int) -> str:
         """What the first poll that showed the job at `attempt` said of it (for a report):
         status.restarts, lastFailure's reason and pod, the data degree and the Recovering and

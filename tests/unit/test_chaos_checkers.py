@@ -189,6 +189,11 @@ def test_retention_keeps_at_most_keep_plus_one_and_never_drops_the_newest() -> N
     assert verdict.ok and "retention in flight" in verdict.notes[0]
     late[2] = {**healed, "t": T0 - 31}  # the store answered 31 s before: retention had its chance
     assert not checkers.check_retention(timeline(late)).ok
+    # The same after a tarpit on the namespace's store calls, or while the Secret was gone.
+    for kind in ("checkpoint-tarpit", "credentials-deleted"):
+        late = [created("a"), {**errors, "kind": kind}, {**healed, "kind": kind},
+                s3(T0, {"a": [(10, 1), (20, 2), (30, 3), (40, T0 - 38)]})]
+        assert checkers.check_retention(timeline(late)).ok, kind
     dropped = [created("a"), s3(T0, {"a": [(20, 2), (30, 3)]}), s3(T0 + 1, {"a": [(20, 2)]})]
     assert "newest committed step 30 is gone" in checkers.check_retention(timeline(dropped)).details[0]
 

@@ -10,7 +10,7 @@ import pytest
 
 from testbed.chaos import checkers, checkers_roll
 from testbed.chaos.catalogue import CLASSIC, GLOBAL, ISSUE_37, Kind, schedule
-from tests.unit.test_chaos_checkers import T0, api, created, pod, s3, timeline
+from tests.unit.test_chaos_checkers import T0, api, created, job, pod, s3, timeline
 
 
 def tpod(attempt: int, template: str, resume: str | None, created_at: float, **kw: Any) -> dict[str, Any]:
@@ -105,6 +105,27 @@ def test_invariant_1_takes_the_replaced_gangs_later_steps_as_not_resumable() -> 
     once the new gang saved step 30 itself, resuming from 20 loses it (invariant 1)."""
     assert checkers.check_resume(timeline(rolled("20"))).ok
     verdict = checkers.check_resume(timeline(rolled("20", resaved_by_new_gang=True)))
+    assert not verdict.ok and "attempt 2: resumed from 20 while step 30 was COMMITTED" in verdict.details[0]
+
+
+def test_invariant_1_takes_a_resizes_floor_like_a_rolls() -> None:
+    """Issue 37's long soak (seed 3701): an elastic job resized at step 26 (status.plannedRestore
+    named the resized attempt); the replaced gang still committed 30; a restart of the resized
+    gang resumed from 26. No template changed, so only the operator's record names the change."""
+    def same_spec(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for record in history:
+            for p in record.get("pods", []):
+                p["template"] = "A"
+        return history
+
+    resized = same_spec(rolled("20"))
+    assert not checkers.check_resume(timeline(resized)).ok  # not known as a planned change
+    planned = {**job("a"), "attempt": 1, "planned": 1}
+    resized.insert(5, api(T0 + 26, [tpod(1, "A", "20", T0 + 25)], jobs=[planned]))
+    assert checkers.check_resume(timeline(resized)).ok
+    resaved = same_spec(rolled("20", resaved_by_new_gang=True))
+    resaved.insert(5, api(T0 + 26, [tpod(1, "A", "20", T0 + 25)], jobs=[planned]))
+    verdict = checkers.check_resume(timeline(resaved))
     assert not verdict.ok and "attempt 2: resumed from 20 while step 30 was COMMITTED" in verdict.details[0]
 
 

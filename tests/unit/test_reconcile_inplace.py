@@ -281,3 +281,31 @@ def test_a_failure_after_a_spec_edit_recreates_instead_of_keeping_pods_of_the_ol
     # the same failure on the spec the pods run stays in place
     d, _ = run(obs, pods=tuple(pods), now=T0 + timedelta(seconds=5))
     assert d.relabel is not None and d.launch is not None and d.launch.only == (1,)
+
+
+def test_a_spec_edit_during_the_backoff_recreates_rather_than_replace_from_the_new_spec() -> None:
+    """Issue 37's long soak (seed 3701, invariant 10): the in-place restart was decided on the old
+    spec; the spec was edited while its replacement pod waited out the backoff; the replacement
+    was then created from the new template beside the kept pods of the old one, a gang of two
+    specs. Now the kept pods go and the whole gang starts on the new template, no restart
+    counted beyond the first."""
+    old = tuple(replace(p, template="old") for p in gang(0))
+    obs = running_inplace(backoffSeconds=10)
+    _, obs = run(replace(obs, template="old"), pods=old)
+    pods = list(old)
+    pods[1] = replace(pods[1], phase="Failed", exit_code=137)
+    d, after = run(obs, pods=tuple(pods), now=T0 + timedelta(seconds=5))
+    assert d.relabel is not None and d.launch is None and d.status.restarts == 1  # in the backoff
+    moved = tuple(replace(p, attempt=1) for p in old if p.index != 1)
+    seen = (pods[1], *moved)
+    d2, _ = run(replace(after, template="new"), pods=seen, now=T0 + timedelta(seconds=16))
+    assert d2.relabel is None
+    assert sorted(d2.delete) == ["job-0-0", "job-0-2", "job-0-3"]
+    assert d2.launch is not None and not d2.launch.in_place and d2.launch.only == ()
+    assert d2.launch.attempt == 2 and len(d2.launch.assignments) == 4
+    assert d2.status.attempt == 2 and d2.status.restarts == 1
+    assert any(r == Reason.SPEC_CHANGED for _, r, _ in d2.events)
+    # The same pass without the edit creates the replacement in place, on the spec all pods run.
+    d3, _ = run(after, pods=seen, now=T0 + timedelta(seconds=16))
+    assert d3.launch is not None and d3.launch.in_place and d3.launch.only == (1,)
+    assert d3.delete == []

@@ -15,12 +15,19 @@ from topotrain.core.planning import PlanOutcome
 from topotrain.core.reconcile_launch import (
     backoff_left,
     blocking,
+    launch,
     lost_nodes,
     newer_commit,
     refused_too_long,
 )
 from topotrain.core.reconcile_status import StatusBuilder
 from topotrain.core.resume import explain
+
+
+def _stale(obs: Observed, current: list[policy.PodView]) -> bool:
+    """A pod of `current` runs a pod template other than the spec's (pods without the
+    annotation, made by an older operator, are taken as current)."""
+    return any(p.template and obs.template and p.template != obs.template for p in current)
 
 
 def in_place_plan(
@@ -33,7 +40,7 @@ def in_place_plan(
     if (not obs.spec.failure_policy.restart_in_place or obs.strategy != "incremental"
             or (ckpt is not None and not ckpt.reachable) or obs.config_problem is not None):
         return None, None
-    if any(p.template and obs.template and p.template != obs.template for p in current):
+    if _stale(obs, current):
         return None, None  # the spec changed: kept pods would run the old one beside the new
     data = sb.status.parallelism.data if sb.status.parallelism else obs.spec.parallelism.data
     expected = elastic.pods_for(obs.spec.parallelism, data, obs.spec.worker.gpus_per_pod)
@@ -121,6 +128,28 @@ def _retarget(
     return nxt, moved
 
 
+def _recreate_on_new_spec(
+    obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
+    current: list[policy.PodView],
+) -> None:
+    """The pod template changed after the in-place restart was decided and before its
+    replacement pods were created (during the backoff, or while their create was refused): a
+    replacement built from the new template beside kept pods of the old one would be one gang of
+    two specs. The kept pods go and the whole gang starts on the new template at the next
+    attempt, from the newest commit: the spec change's roll, with no failure budget charged
+    beyond the restart already counted."""
+    decision.relabel = None
+    decision.delete += [p.name for p in current if not p.terminating]
+    # The gang's placement: the rank table's, where the failed pods ran, where the kept ones run.
+    table = obs.rank_table
+    previous = {**(table.assignments if table is not None else {}),
+                **{p.index: p.where for p in obs.pods if p.attempt == attempt - 1 and p.where},
+                **{p.index: p.where for p in current if p.where}}  # fmt: skip
+    resume = obs.checkpoint.step if obs.checkpoint is not None else None
+    sb.rolling(obs.generation, attempt + 1, resume)
+    launch(obs, sb, decision, attempt + 1, previous=previous)
+
+
 def replace_in_place(
     obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
     current: list[policy.PodView], nodes: Mapping[int, str] | None = None, settled: bool = False,
@@ -139,6 +168,9 @@ def replace_in_place(
         decision.requeue_after = waiting
         return
     if refused_too_long(obs, sb, decision):
+        return
+    if obs.config_problem is None and _stale(obs, current):
+        _recreate_on_new_spec(obs, sb, decision, attempt, current)
         return
     table = obs.rank_table
     assignments = {p.index: p.where for p in current if p.where}
