@@ -26,7 +26,7 @@ from testbed import components
 from testbed.binaries import REPO_ROOT
 from testbed.components import DEFAULT_NODE_LEASE_SECONDS, Layout, Ports, Settings
 from testbed.pki import ADMIN, CONTROLLER_MANAGER, KWOK, SCHEDULER, ClientIdentity, ensure_pki
-from testbed.procs import ManagedProcess, file_lock, free_port, wait_until
+from testbed.procs import ManagedProcess, file_lock, free_port, reserve, wait_until
 from testbed.s3 import S3Server
 
 DEFAULT_BUCKET = "topotrain"
@@ -86,12 +86,15 @@ class Testbed:
         """Ports and node timing, chosen on first use and kept across restarts."""
         try:
             saved = json.loads(self._state_file.read_text())
-            return Settings(Ports(**saved["ports"]), saved["nodeLeaseSeconds"])
+            ports = Ports(**saved["ports"])
+            reserve(*asdict(ports).values())  # a restart binds them again
+            return Settings(ports, saved["nodeLeaseSeconds"])
         except (OSError, KeyError, TypeError, ValueError):
             pass
         chosen: set[int] = set()
         while len(chosen) < len(Ports.__dataclass_fields__):
             chosen.add(free_port())
+        reserve(*chosen)
         settings = Settings(Ports(*sorted(chosen)), self._node_lease_seconds)
         self.root.mkdir(parents=True, exist_ok=True)
         state = {"ports": asdict(settings.ports), "nodeLeaseSeconds": settings.node_lease_seconds}

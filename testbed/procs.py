@@ -175,16 +175,29 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
+# Ports of this process's testbed components that a restart binds again (the API server, the
+# S3 server): never handed out while the component is stopped. The long chaos soak, seed 3701,
+# session 9: a trainer's rendezvous port picked during an apiserver-restart was the API server's,
+# whose start then failed ("bind: address already in use") and left the cluster without one.
+_RESERVED: set[int] = set()
+
+
+def reserve(*ports: int) -> None:
+    """Keep `ports` out of free_port's picks in this process."""
+    _RESERVED.update(ports)
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now, taken from below the kernel's
-    ephemeral range: a port the kernel hands out (bind to 0) is also what it hands every
-    outgoing connection as its source port, so on a busy machine a client could hold it by the
-    time the component binds it (etcd once failed to start so: "address already in use")."""
+    """A TCP port on 127.0.0.1 that nothing listens on right now and no component of this
+    process's testbed owns (reserve), taken from below the kernel's ephemeral range: a port the
+    kernel hands out (bind to 0) is also what it hands every outgoing connection as its source
+    port, so on a busy machine a client could hold it by the time the component binds it (etcd
+    once failed to start so: "address already in use")."""
     low, _ = ephemeral_range()
     rng = random.SystemRandom()
     for _ in range(64):
         port = rng.randrange(max(1024, low - PORT_SPAN), low)
-        if _bindable(port):
+        if port not in _RESERVED and _bindable(port):
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # all taken: any free one
         sock.bind(("127.0.0.1", 0))

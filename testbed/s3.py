@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from testbed.binaries import binary
-from testbed.procs import ManagedProcess, free_port, wait_until
+from testbed.procs import ManagedProcess, free_port, reserve, wait_until
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -49,6 +49,7 @@ class S3Server:
         self._process = ManagedProcess("versitygw", self.run_dir)
         self._port_file = self.run_dir / "versitygw.port"
         self.port = port if port is not None else self._remembered_port()
+        reserve(self.port)  # a restart binds it again
 
     def _remembered_port(self) -> int:
         """The port a previous start used (so restarts keep the endpoint), else a free one."""

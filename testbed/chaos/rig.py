@@ -277,10 +277,21 @@ class Rig:
     def job_names(self) -> list[str]:
         return self.workload.job_names()
 
-    def start_apiserver(self) -> None:
+    def start_apiserver(self, timeout: float = 180.0) -> None:
+        """Start the API server again and wait until it answers; started again while it exits at
+        once (its port held by a process outside this one's reservations, testbed.procs.reserve)."""
         argv = dict(CONTROL_PLANE)["kube-apiserver"]
-        self.bed.process("kube-apiserver").start(argv(self.bed.layout, self.bed.settings()))
-        wait_until(self.bed.is_up, timeout=180, what="kube-apiserver after its restart")
+        process = self.bed.process("kube-apiserver")
+        deadline = time.monotonic() + timeout
+        while True:
+            process.start(argv(self.bed.layout, self.bed.settings()))
+            wait_until(lambda: self.bed.is_up() or not process.running(),
+                       timeout=max(1.0, deadline - time.monotonic()), what="kube-apiserver after its restart")
+            if self.bed.is_up():
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"kube-apiserver did not start again in {timeout:.0f}s")
+            time.sleep(2.0)
 
     def recreate_node(self, raw: Any) -> None:
         """Create a deleted node again from its saved object: same labels and GPUs, KWOK's again."""

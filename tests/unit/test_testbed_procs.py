@@ -7,7 +7,11 @@ from __future__ import annotations
 import signal
 import socket
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from testbed import procs
 from testbed.procs import PORT_SPAN, ephemeral_range, free_port
 
 
@@ -18,6 +22,19 @@ def test_ports_come_from_below_the_ephemeral_range_and_are_bindable() -> None:
         assert max(1024, low - PORT_SPAN) <= port < low
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))
+
+
+def test_a_reserved_port_is_never_handed_out_while_its_component_is_stopped(monkeypatch: Any) -> None:
+    """The long soak (seed 3701): the API server's port, free while it restarted, was handed to a
+    trainer's rendezvous store, and the API server could not bind it again."""
+    low = ephemeral_range()[0]
+    pair = [low - 2, low - 1]
+    if not all(procs._bindable(p) for p in pair):
+        pytest.skip(f"ports {pair} are in use on this machine")
+    monkeypatch.setattr(procs, "PORT_SPAN", 2)
+    monkeypatch.setattr(procs, "_RESERVED", set())
+    procs.reserve(pair[0])
+    assert {free_port() for _ in range(20)} == {pair[1]}
 
 
 def test_ephemeral_range_falls_back_to_linux_default(tmp_path: Path) -> None:
