@@ -309,3 +309,20 @@ def test_a_spec_edit_during_the_backoff_recreates_rather_than_replace_from_the_n
     d3, _ = run(after, pods=seen, now=T0 + timedelta(seconds=16))
     assert d3.launch is not None and d3.launch.in_place and d3.launch.only == (1,)
     assert d3.delete == []
+
+
+def test_a_backoff_written_by_a_clock_that_ran_ahead_waits_its_own_length_here() -> None:
+    """The long soak, seed 3701: a replica whose wall clock ran 560 s ahead recorded a failure;
+    the replica on the true clock that took over waited out the backoff from that future time
+    (about 560 s in BackoffWaiting). A time ahead of this pass's clock is brought back to now."""
+    obs = running_inplace(backoffSeconds=10)
+    skewed = T0 + timedelta(seconds=5 + 560)
+    d, after = run(obs, pods=crash(1), now=skewed)  # the skewed replica's pass
+    assert d.relabel is not None and d.launch is None and d.status.last_failure is not None
+    moved = tuple(replace(p, attempt=1) for p in gang(0) if p.index != 1)
+    d2, after = run(after, pods=(*crash(1)[1:2], *moved), now=T0 + timedelta(seconds=9))
+    assert d2.launch is None and d2.requeue_after is not None and d2.requeue_after <= 10
+    rec, failure = d2.status.recovery, d2.status.last_failure
+    assert rec is not None and failure is not None and rec.started == failure.time  # still a backoff
+    d3, _ = run(after, pods=(*crash(1)[1:2], *moved), now=T0 + timedelta(seconds=20))
+    assert d3.launch is not None and d3.launch.only == (1,) and d3.launch.in_place

@@ -8,11 +8,14 @@ format (RFC 3339, UTC, milliseconds).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from topotrain.api.status import RecoveryStatus, TrainingJobStatus, set_condition
 
 NORMAL, WARNING = "Normal", "Warning"
+# How far ahead of this replica's clock a time in status may be before it is taken as written by
+# a clock that ran ahead (pull_back_future_times).
+AHEAD = timedelta(seconds=5)
 
 
 def iso(moment: datetime) -> str:
@@ -32,6 +35,34 @@ class StatusEdits:
         self.generation = generation
         self.now = now
         self.events: list[tuple[str, str, str]] = []
+        self._pull_back_future_times()
+
+    def _pull_back_future_times(self) -> None:
+        """Times ahead of this pass's clock, written by a replica whose wall clock ran ahead (the
+        Lease is timed on monotonic clocks, so such a replica may act), are brought back to now.
+        A wait measured from one (the restart backoff, the pods-not-starting timeout, a checkpoint
+        request's bound, an API refusal's timeout) then lasts its own length from here instead
+        of that length plus the other clock's lead (the long soak, seed 3701: two jobs waited
+        about 560 s in BackoffWaiting after a replica-clock-skew fault)."""
+        st, limit, now = self.status, self.now + AHEAD, iso(self.now)
+
+        def ahead(text: str | None) -> bool:
+            return text is not None and parse(text) > limit
+
+        failure, rec, request = st.last_failure, st.recovery, st.checkpoint_request
+        if failure is not None and ahead(failure.time):
+            if rec is not None and rec.started == failure.time:
+                rec.started = now  # the backoff reads a recovery as failure-triggered by this match
+            failure.time = now
+        if rec is not None and ahead(rec.started):
+            rec.started = now
+        if ahead(st.attempt_start_time):
+            st.attempt_start_time = now
+        if request is not None and ahead(request.time):
+            request.time = now
+        for cond in st.conditions:
+            if ahead(cond.last_transition_time):
+                cond.last_transition_time = now
 
     parse = staticmethod(parse)
 
