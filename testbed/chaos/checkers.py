@@ -260,6 +260,8 @@ def check_retention(t: Timeline, grace: float = 30.0) -> Verdict:
         # the end of the latest S3 fault begun by now (the future while it lasts)
         store_back = max((end for start, end in outages if start <= now), default=float("-inf"))
         for job, steps in record["committed"].items():
+            if t.deleted.get(job, float("inf")) <= now:
+                continue  # a deleted job's checkpoints stay as they were: no trainer applies retention
             present = {int(s) for s, _ in steps}
             keep = t.created.get(job, {}).get("keep", 1)
             if len(present) > keep + 1:

@@ -189,6 +189,12 @@ def test_retention_keeps_at_most_keep_plus_one_and_never_drops_the_newest() -> N
     assert verdict.ok and "retention in flight" in verdict.notes[0]
     late[2] = {**healed, "t": T0 - 31}  # the store answered 31 s before: retention had its chance
     assert not checkers.check_retention(timeline(late)).ok
+    # A job deleted with one commit beyond keep + 1 (its trainer hung before retention, then the
+    # job was deleted; the long soak, seed 3701): its checkpoints stay so, and are not judged.
+    after = [created("a"), s3(T0, {"a": [(10, 1), (20, 2), (30, 3), (40, T0 - 90)]})]
+    assert not checkers.check_retention(timeline(after)).ok
+    deleted = {"t": T0 - 60, "type": "job-deleted", "job": "a"}
+    assert checkers.check_retention(timeline([after[0], deleted, after[1]])).ok
     # The same after a tarpit on the namespace's store calls, or while the Secret was gone.
     for kind in ("checkpoint-tarpit", "credentials-deleted"):
         late = [created("a"), {**errors, "kind": kind}, {**healed, "kind": kind},
