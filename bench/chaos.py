@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", default="150-250", help="steps per job, a range LOW-HIGH")
     parser.add_argument("--kinds", default="", help="comma-separated fault classes (default: all; "
                         "'classic': the bounded soak's, those from before issue 37)")
+    parser.add_argument("--drain", type=float, default=600.0,
+                        help="seconds the jobs left when the faults end get to finish (invariant 4 "
+                             "judges the unfinished ones)")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--replay", type=Path, default=None, help="re-check a recorded history.jsonl")
     args = parser.parse_args(argv)
@@ -49,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     kinds = set(CLASSIC) if args.kinds == "classic" else {Kind(k) for k in args.kinds.split(",") if k} or None
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix=f"chaos-{seed}-", dir=ROOT / ".testbed"))
     config = SoakConfig(seed, args.faults, args.jobs, mean_gap=args.gap, replicas=args.replicas,
-                        step_seconds=args.step_seconds, kinds=kinds, calm=args.calm,
+                        step_seconds=args.step_seconds, kinds=kinds, calm=args.calm, drain_seconds=args.drain,
                         steps=tuple(int(x) for x in args.steps.split("-", 1)))  # fmt: skip
     result = run_soak(config, workdir, log=lambda line: print(line, flush=True))
     print(summary(result))
