@@ -4,7 +4,7 @@ the fleet's goodput, the seed, the duration and the machine load.
 
     python bench/chaos.py --faults 60 --jobs 3 --replicas 2 --gap 2.5 --calm 8 \
         --steps 60-100 --seed 119                                  # the bounded form
-    python bench/chaos.py --faults 1000 --jobs 20 --replicas 2     # the long form
+    python bench/chaos.py --faults 1000 --jobs 20 --replicas 2 --kueue   # the long form
 
 It starts a private testbed under --workdir (default .testbed/chaos-<seed>),
 so restarting its API server disturbs no one. Exit status 1 on any violation.
@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain", type=float, default=600.0,
                         help="seconds the jobs left when the faults end get to finish (invariant 4 "
                              "judges the unfinished ones)")
+    parser.add_argument("--kueue", action="store_true",
+                        help="run the real Kueue beside the operator: queued jobs, kueue-preempt, invariant 14 "
+                             "(needs `testbed/build.sh kueue`)")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--replay", type=Path, default=None, help="re-check a recorded history.jsonl")
     args = parser.parse_args(argv)
@@ -53,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix=f"chaos-{seed}-", dir=ROOT / ".testbed"))
     config = SoakConfig(seed, args.faults, args.jobs, mean_gap=args.gap, replicas=args.replicas,
                         step_seconds=args.step_seconds, kinds=kinds, calm=args.calm, drain_seconds=args.drain,
+                        kueue=args.kueue,
                         steps=tuple(int(x) for x in args.steps.split("-", 1)))  # fmt: skip
     result = run_soak(config, workdir, log=lambda line: print(line, flush=True))
     print(summary(result))

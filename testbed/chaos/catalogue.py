@@ -44,6 +44,8 @@ class Kind(StrEnum):
     REPLICA_SLOW_API = "replica-slow-api"  # one replica's API connections delayed for `duration`
     REPLICA_CLOCK_SKEW = "replica-clock-skew"  # one replica restarted with its wall clock ahead
     REPLICA_SLOW_JOB_WATCH = "replica-slow-job-watch"  # one replica's TrainingJob watch late, pods on time
+    TENANT_TARPIT = "tenant-tarpit"  # another namespace's jobs keep their store at a tarpit for `duration`
+    KUEUE_PREEMPT = "kueue-preempt"  # a higher-priority Workload makes Kueue evict queued jobs (--kueue)
 
 
 # (weight, (shortest, longest) duration in seconds)
@@ -72,12 +74,16 @@ CATALOGUE: dict[Kind, tuple[float, tuple[float, float]]] = {
     Kind.REPLICA_SLOW_API: (2, (10, 30)),
     Kind.REPLICA_CLOCK_SKEW: (2, (20, 60)),
     Kind.REPLICA_SLOW_JOB_WATCH: (2, (20, 60)),
+    Kind.TENANT_TARPIT: (2, (30, 60)),
+    Kind.KUEUE_PREEMPT: (3, (20, 60)),
 }
 # The bounded soak draws only the classes from before issue 37, so its seed keeps its schedule
 # (a class added to the draw changes every seed's schedule); the bench draws them all.
 ISSUE_37 = frozenset({Kind.NODES_GONE_OPERATOR_DOWN, Kind.ROLL_CRASH, Kind.CREDENTIALS_DELETED,
                       Kind.CHECKPOINT_TARPIT, Kind.REPLICA_SLOW_API, Kind.REPLICA_CLOCK_SKEW,
-                      Kind.REPLICA_SLOW_JOB_WATCH})  # fmt: skip
+                      Kind.REPLICA_SLOW_JOB_WATCH, Kind.TENANT_TARPIT, Kind.KUEUE_PREEMPT})  # fmt: skip
+# Drawn only when the soak runs Kueue (SoakConfig.kueue, bench/chaos.py --kueue).
+NEEDS_KUEUE = frozenset({Kind.KUEUE_PREEMPT})
 CLASSIC = frozenset(Kind) - ISSUE_37
 # Faults that hit every job at once: one at a time, each followed by CALM seconds without
 # another, so their rate does not grow with the fleet and jobs get windows to make progress.
@@ -87,8 +93,10 @@ GLOBAL = {Kind.S3_DOWN, Kind.S3_SLOW, Kind.S3_ERRORS, Kind.APISERVER_RESTART,
           Kind.REPLICA_CLOCK_SKEW, Kind.REPLICA_SLOW_JOB_WATCH}  # fmt: skip
 CALM = 30.0
 # A tarpit hits its job's namespace (the operator's store reads are bounded per namespace, and
-# the soak's jobs share one), so one at a time; it may overlap other faults.
-EXCLUSIVE = GLOBAL | {Kind.CAPACITY_LOSS, Kind.CHECKPOINT_TARPIT}  # never two of the class at once
+# the soak's jobs share one), so one at a time; it may overlap other faults. The tenant's tarpit
+# hits another namespace only: it overlaps the soak's faults (that is what invariant 13 judges).
+EXCLUSIVE = GLOBAL | {Kind.CAPACITY_LOSS, Kind.CHECKPOINT_TARPIT, Kind.TENANT_TARPIT,
+                      Kind.KUEUE_PREEMPT}  # never two of the class at once
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,11 @@ output and S3.
 11. fenced pod writes (checkers_lease.py): the API server's audit log shows no pod created or
    deleted by a replica that did not hold the Lease;
 12. one failure, one restart (checkers_once.py): a crash, hang or deleted pod that alone
-   explains a job's restarts explains one, not two.
+   explains a job's restarts explains one, not two;
+13. tenant isolation (checkers_tenant.py): while another namespace's store is a tarpit, the
+   soak's jobs recover from their own faults in the time the same soak shows as usual;
+14. eviction bound (checkers_kueue.py, a soak run with Kueue): every Kueue eviction of a soak
+   job gives its quota back within checkpointRequestTimeoutSeconds and a slack.
 """
 
 from __future__ import annotations
@@ -38,14 +42,17 @@ from collections.abc import Callable
 
 from testbed.chaos.catalogue import Kind
 from testbed.chaos.causes import candidates, causes, restarts
+from testbed.chaos.checkers_kueue import check_eviction_bound
 from testbed.chaos.checkers_lease import check_fenced_pod_writes
 from testbed.chaos.checkers_once import check_one_restart_per_failure
 from testbed.chaos.checkers_roll import behind_floor, check_roll_floor
+from testbed.chaos.checkers_tenant import check_tenant_isolation
 from testbed.chaos.timeline import TERMINAL, Timeline, Verdict, timestamp, verdict
 
 BUDGET_REASONS = {"MaxRestartsExceeded": "maxRestarts",
                   "MaxInfrastructureRestartsExceeded": "maxInfrastructureRestarts"}  # fmt: skip
-EXPLAINING = {("Schedulable", "False"), ("PodsCreated", "False"), ("CheckpointStoreReachable", "False")}
+EXPLAINING = {("Schedulable", "False"), ("PodsCreated", "False"), ("CheckpointStoreReachable", "False"),
+              ("Admitted", "False"), ("Suspended", "True")}  # the last two: waiting for, or evicted by, Kueue
 EXPLAINING_REASONS = {("Ready", "False", "PodsPending"), ("Recovering", "True", "BackoffWaiting"),
                       ("CheckpointStoreReachable", "True", "CheckpointStoreErrors")}  # fmt: skip
 
@@ -330,4 +337,5 @@ def check_all(t: Timeline, records: list[dict[str, object]],
             check_availability(t), check_lost_work(t), check_retention(t),
             check_memory(memory_samples(records)), check_restarts_explained(t),
             check_roll_floor(t), check_fenced_pod_writes(t.replicas, t.audit),
-            check_one_restart_per_failure(t)]  # fmt: skip
+            check_one_restart_per_failure(t), check_tenant_isolation(t),
+            check_eviction_bound(t, records)]  # fmt: skip

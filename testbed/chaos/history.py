@@ -21,6 +21,7 @@ from topotrain.contract import ATTEMPT_ANNOTATION, RESUME_STEP_ANNOTATION
 from topotrain.core.manifests import NODE_ANNOTATION, TEMPLATE_ANNOTATION
 from topotrain.core.status_lifecycle import RETARGETED
 
+from testbed.chaos.queued import workload_record
 from testbed.harness import ATTEMPT_LABEL, INDEX_LABEL, JOB_LABEL
 
 GROUP, VERSION, PLURAL = "topotrain.io", "v1alpha1", "trainingjobs"
@@ -111,6 +112,7 @@ class Observer:
     s3_prefix: str  # "jobs/<namespace>/": every job's checkpoints lie under it
     operator_pids: Callable[[], list[int]]
     interval: float = 1.0
+    workloads: bool = False  # Kueue runs: record the namespace's Workloads too (testbed/chaos/queued.py)
     _markers: set[tuple[str, float]] = field(default_factory=set)  # COMMITTED markers read
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -146,7 +148,12 @@ class Observer:
             GROUP, VERSION, self.namespace, PLURAL, _preload_content=False, _request_timeout=10
         )
         jobs = [job_record(j) for j in json.loads(raw.data)["items"]]
-        self.history.add("api", pods=pods, nodes=nodes, jobs=jobs)
+        extra: dict[str, Any] = {}
+        if self.workloads:
+            raw = self.custom.list_namespaced_custom_object(
+                "kueue.x-k8s.io", "v1beta2", self.namespace, "workloads", _preload_content=False, _request_timeout=10)
+            extra["workloads"] = [workload_record(w) for w in json.loads(raw.data)["items"]]
+        self.history.add("api", pods=pods, nodes=nodes, jobs=jobs, **extra)
 
     def observe_s3(self) -> None:
         keys: dict[str, float] = {}

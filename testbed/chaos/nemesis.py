@@ -21,7 +21,9 @@ its end) in the history.
 | quota | a ResourceQuota allowing no new pod, right before a rank crashes |
 | job-deleted | a job deleted one second after one of its pods was |
 
-The classes issue 37 added are in testbed.chaos.nemesis_more (a mixin of this class).
+The classes issue 37 added are in testbed.chaos.nemesis_more and, for the other tenant's
+tarpit and Kueue's preemption, testbed.chaos.tenant and testbed.chaos.queued (mixins of this
+class).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 from testbed import faults
 from testbed.chaos.catalogue import CALM, GLOBAL, Fault, choose
 from testbed.chaos.nemesis_more import MoreFaults
+from testbed.chaos.queued import KueueFaults
+from testbed.chaos.tenant import TenantFaults
 from testbed.procs import signal_group
 
 if TYPE_CHECKING:
@@ -43,7 +47,7 @@ QUOTA_NAME = "chaos-quota"
 BAD_NODE_DELAY = 2.0
 
 
-class Nemesis(MoreFaults):
+class Nemesis(MoreFaults, TenantFaults, KueueFaults):
     def __init__(self, rig: Rig, schedule: list[Fault], calm: float = CALM) -> None:
         self.rig = rig
         self.schedule = schedule

@@ -24,6 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes.client.exceptions import ApiException
 
 from testbed import faketime
@@ -31,12 +32,16 @@ from testbed.binaries import REPO_ROOT
 from testbed.chaos import slow_watch
 from testbed.chaos.audit import policy, replica_address
 from testbed.chaos.history import History, Observer
+from testbed.chaos.queued import POOL as QUEUED_POOL
+from testbed.chaos.queued import priority_class, queues
 from testbed.chaos.s3proxy import S3Proxy
+from testbed.chaos.tenant import tenant_namespace
 from testbed.chaos.workload import Workload
 from testbed.client import api_client, core_v1
 from testbed.cluster import CONTROL_PLANE, Testbed
 from testbed.components import AUDIT_POLICY, KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE
-from testbed.harness_stack import S3Target, Stack
+from testbed.harness_stack import CREDENTIALS_SECRET, S3Target, Stack
+from testbed.kueue import KueueStack
 from testbed.nodes import apply_topology, wait_nodes_ready
 from testbed.procs import free_port, signal_group, wait_until
 from testbed.tcpproxy import TcpProxy
@@ -193,28 +198,36 @@ def acting_replica(holder: str | None, alive: set[int]) -> int | None:
     return next((n for n in alive if replica_identity(n) == holder), None)
 
 
-def fleet(jobs: int) -> dict[str, Any]:
-    """Two pools with room for `jobs` concurrent jobs of the workload's shapes and some to spare."""
+def fleet(jobs: int, kueue: bool = False) -> dict[str, Any]:
+    """Two pools with room for `jobs` concurrent jobs of the workload's shapes and some to spare;
+    with `kueue`, the queued jobs' pool too (testbed/chaos/queued.py)."""
     racks = max(2, (jobs + 3) // 4)
+    queued = [dict(QUEUED_POOL)] if kueue else []
     return {"name": "chaos", "pools": [
         {"name": "chaos-h100", "product": "H100-80GB", "gpusPerNode": 8, "blocks": 1,
          "racksPerBlock": racks, "nodesPerRack": 2, "nvlinkDomainNodes": 1},
         {"name": "chaos-a100", "product": "A100-80GB", "gpusPerNode": 8, "blocks": 1,
          "racksPerBlock": max(1, racks // 2), "nodesPerRack": 2, "nvlinkDomainNodes": 1},
+        *queued,
     ]}  # fmt: skip
 
 
 class Rig:
-    def __init__(self, workdir: Path, seed: int, jobs: int, replicas: int = 1) -> None:
+    def __init__(self, workdir: Path, seed: int, jobs: int, replicas: int = 1, kueue: bool = False) -> None:
         self.workdir = workdir.resolve()
         self.seed = seed
         self.jobs = jobs
         self.replicas = replicas
         self.bed = Testbed(self.workdir / "testbed")
         self.namespace = f"chaos-{uuid.uuid4().hex[:6]}"
+        self.tenant = tenant_namespace(self.namespace)  # the other tenant (testbed/chaos/tenant.py)
         self.history = History(self.workdir / "history.jsonl")
         self.node_names: list[str] = []
         self.pools = ("H100-80GB", "A100-80GB")
+        self.kueue_on = kueue  # the real Kueue beside the operator, queued jobs and kueue-preempt
+        # the chart's bound on a checkpoint-first stop (an eviction's, invariant 14)
+        chart = yaml.safe_load((REPO_ROOT / "charts" / "topotrain" / "values.yaml").read_text())
+        self.checkpoint_request_timeout = float(chart["operator"]["checkpointRequestTimeoutSeconds"])
         self._api: Any = None
         self.workload: Workload
 
@@ -238,30 +251,44 @@ class Rig:
         self.bed.root.mkdir(parents=True, exist_ok=True)
         (self.bed.root / AUDIT_POLICY).write_text(policy(self.namespace))  # read as kube-apiserver starts
         self.bed.up()
-        self.node_names = apply_topology(self.kubeconfig, fleet(self.jobs))
+        self.node_names = apply_topology(self.kubeconfig, fleet(self.jobs, self.kueue_on))
         wait_nodes_ready(self.kubeconfig, self.node_names, timeout=300)
         self._api = api_client(self.kubeconfig)
-        self.core.create_namespace({"metadata": {"name": self.namespace}})
+        for namespace in (self.namespace, self.tenant):  # both before the chart makes their Roles
+            self.core.create_namespace({"metadata": {"name": namespace}})
         wait_until(lambda: bool(self.core.list_namespaced_service_account(
             self.namespace, field_selector="metadata.name=default").items), timeout=120,
             what="the namespace's default ServiceAccount")  # fmt: skip
+        if self.kueue_on:  # before the operator starts: it watches Workloads if their CRD exists then
+            self.kueue = KueueStack(self.bed)
+            self.kueue.start()
         server = self.bed.s3
         self.bucket = server.create_bucket(f"chaos-{self.seed % 100000}-{uuid.uuid4().hex[:4]}")
         host, port = server.endpoint.removeprefix("http://").split(":")
         self.proxy = S3Proxy(host, int(port), seed=self.seed).start()
         target = S3Target(self.proxy.endpoint, server.access_key, server.secret_key, self.bucket)
+        both = [self.namespace, self.tenant]  # one operator watches the soak and the other tenant
+        values = {"watchNamespaces": both,
+                  "rbac": {"checkpointSecrets": [{"namespace": n, "names": [CREDENTIALS_SECRET]} for n in both]}}
         self.stack = ChaosStack(self.kubeconfig, self.namespace, self.workdir / "stack", target,
-                                replicas=self.replicas, record=self.history.add).__enter__()  # fmt: skip
+                                chart_values=values, replicas=self.replicas,
+                                record=self.history.add).__enter__()  # fmt: skip
+        if self.kueue_on:
+            self.kueue.apply([priority_class(), *queues(self.namespace).manifests()])
+            self.kueue.wait_cluster_queue_active(queues(self.namespace).cluster_queue)
+        secret = self.core.read_namespaced_secret(CREDENTIALS_SECRET, self.namespace)
+        self.core.create_namespaced_secret(self.tenant, {"metadata": {"name": CREDENTIALS_SECRET},
+                                                         "data": secret.data})  # fmt: skip
         self.observer = Observer(
             self.history, self.core, self.stack.custom, self.namespace, server.client(),
             self.bucket, f"jobs/{self.namespace}/", self.stack.operator_pids,
-            interval=1.0 if self.jobs <= 8 else 2.0,
+            interval=1.0 if self.jobs <= 8 else 2.0, workloads=self.kueue_on,
         ).start()
         self.setup_seconds = time.monotonic() - started
         return self
 
     def __exit__(self, *_: object) -> None:
-        for owner, step in (("observer", "stop"), ("stack", "__exit__"), ("proxy", "stop")):
+        for owner, step in (("observer", "stop"), ("stack", "__exit__"), ("kueue", "stop"), ("proxy", "stop")):
             if not hasattr(self, owner):
                 continue
             try:

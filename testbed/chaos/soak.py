@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from testbed.chaos import audit, checkers, report
-from testbed.chaos.catalogue import CALM, Fault, Kind, schedule
+from testbed.chaos.catalogue import CALM, NEEDS_KUEUE, Fault, Kind, schedule
 from testbed.chaos.nemesis import Nemesis
+from testbed.chaos.queued import queue_labels
 from testbed.chaos.rig import Rig
 from testbed.chaos.timeline import Timeline, Verdict
 from testbed.chaos.workload import Workload
@@ -37,6 +38,7 @@ class SoakConfig:
     calm: float = CALM  # seconds without a global fault after one
     drain_seconds: float = 600.0
     warmup_seconds: float = 15.0
+    kueue: bool = False  # the real Kueue beside the operator: queued jobs and kueue-preempt
 
 
 @dataclass
@@ -61,6 +63,8 @@ class SoakResult:
 
 def run_soak(config: SoakConfig, workdir: Path, log: Any = print) -> SoakResult:
     kinds = config.kinds or (set(Kind) if config.replicas > 1 else ONE_REPLICA_KINDS)
+    if not config.kueue:
+        kinds = kinds - NEEDS_KUEUE
     plan = schedule(config.seed, config.faults, config.mean_gap, kinds, config.calm)
     log(f"chaos soak: seed {config.seed}, {len(plan)} faults over ~{plan[-1].at:.0f}s, "
         f"{config.jobs} concurrent jobs, {config.replicas} operator replica(s); workdir {workdir}")  # fmt: skip
@@ -68,12 +72,14 @@ def run_soak(config: SoakConfig, workdir: Path, log: Any = print) -> SoakResult:
     handler = logging.FileHandler(workdir / "soak.log")  # the harness's and clients' complaints
     logging.getLogger().addHandler(handler)
     load: list[float] = []
-    with Rig(workdir, config.seed, config.jobs, config.replicas) as rig:
+    with Rig(workdir, config.seed, config.jobs, config.replicas, kueue=config.kueue) as rig:
         log(f"testbed, fleet and stack up in {rig.setup_seconds:.0f}s ({len(rig.node_names)} nodes)")
         rig.history.add("soak-start", namespace=rig.namespace, seed=config.seed, faults=config.faults,
-                        jobs=config.jobs, replicas=config.replicas, nodes=len(rig.node_names))  # fmt: skip
+                        jobs=config.jobs, replicas=config.replicas, nodes=len(rig.node_names),
+                        kueue=config.kueue, checkpoint_request_timeout=rig.checkpoint_request_timeout)  # fmt: skip
         rig.workload = Workload(rig.stack, rig.history, rig.namespace, config.seed, config.jobs,
-                                config.steps, config.step_seconds)
+                                config.steps, config.step_seconds,
+                                queue_labels=queue_labels(rig.namespace) if config.kueue else None)  # fmt: skip
         rig.workload.tick(keep_going=True)
         nemesis = Nemesis(rig, plan, calm=config.calm)
         began = time.time()

@@ -5,7 +5,9 @@ fixed number running at once, each run by the stand-in trainer
 - dense: tensor 2 x pipeline 2 x data 2 over two 4-GPU pods, H100 only,
   tensor groups Required inside one NVLink domain;
 - elastic: data 4 (minData 2) of 1-GPU pods over the H100 and A100 pools;
-- tiny: one 1-GPU pod.
+- tiny: one 1-GPU pod;
+- queued (only when the soak runs Kueue, testbed/chaos/queued.py): data 2 of 1-GPU pods on the
+  queued pool, labelled for Kueue's LocalQueue; every fourth job then.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from testbed.binaries import REPO_ROOT
 from testbed.chaos.history import History
+from testbed.chaos.queued import PRODUCT as QUEUED_PRODUCT
 from testbed.harness_stack import Stack
 
 STANDIN = REPO_ROOT / "testbed" / "standin.py"
@@ -42,6 +45,7 @@ SHAPES = (
     Shape("elastic", 1, 1, 4, 2, 1, ("H100-80GB", "A100-80GB")),
     Shape("tiny", 1, 1, 1, None, 1, ("A100-80GB", "H100-80GB")),
 )
+QUEUED = Shape("queued", 1, 1, 2, None, 1, (QUEUED_PRODUCT,))
 
 
 @dataclass(frozen=True)
@@ -76,8 +80,11 @@ class Workload:
     """The jobs of the soak, created through `stack` in `namespace`, each step recorded in `history`."""
 
     def __init__(self, stack: Stack, history: History, namespace: str, seed: int, concurrent: int,
-                 steps: tuple[int, int], step_seconds: float) -> None:  # fmt: skip
+                 steps: tuple[int, int], step_seconds: float,
+                 queue_labels: dict[str, str] | None = None) -> None:  # fmt: skip
         self.stack, self.history, self.namespace = stack, history, namespace
+        self.queue_labels = queue_labels  # Kueue runs: the queued shape's LocalQueue label
+        self.shapes = (*SHAPES, QUEUED) if queue_labels else SHAPES
         self.random = random.Random(seed ^ 0x5EED)
         self.concurrent = concurrent
         self.steps = steps
@@ -97,14 +104,15 @@ class Workload:
 
     def submit(self) -> JobPlan:
         with self._lock:
-            shape = SHAPES[self.serial % len(SHAPES)]
+            shape = self.shapes[self.serial % len(self.shapes)]
             plan = JobPlan(f"{shape.name}-{self.serial:04d}", shape, self.random.randrange(1 << 30),
                            self.random.randint(*self.steps))  # fmt: skip
             self.serial += 1
             self.plans[plan.name] = plan
             self.active.add(plan.name)
         try:
-            self.stack.apply_job(plan.name, job_spec(plan, self.step_seconds))
+            labels = self.queue_labels if shape is QUEUED else None
+            self.stack.apply_job(plan.name, job_spec(plan, self.step_seconds), labels)
         except Exception:
             with self._lock:  # never created: not part of the workload
                 self.plans.pop(plan.name)

@@ -1,0 +1,86 @@
+"""Invariant 13: the soak's jobs recover from their own faults in their usual time while
+another namespace's checkpoint store is a tarpit (`tenant-tarpit`, testbed/chaos/tenant.py).
+
+"Usual" is measured in the same soak: the recoveries (testbed.chaos.report.recovery) of each
+fault class whose span — from the fault to the job stepping again — touched no tenant
+tarpit. A recovery whose span overlapped a tarpit is compared with the median of its class
+outside: the median of those ratios must stay within MEDIAN_RATIO, and no single one may
+take longer than STALL_RATIO times the longest recovery of its class outside (a stalled
+operator shows as recoveries that wait out the tarpit). Classes with fewer than MIN_USUAL
+recoveries outside are not judged (named in a note). A tarpit the operator never sent a
+request to proves nothing: that is a violation too, the fault was not really injected.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+from testbed.chaos.catalogue import Kind
+from testbed.chaos.report import recovery
+from testbed.chaos.timeline import Timeline, Verdict, verdict
+
+MEDIAN_RATIO = 1.5  # the soak's noise is large (load 7 on two cores): bench/isolation.py measures 20 %
+STALL_RATIO = 1.5
+MIN_USUAL = 3
+MIN_JUDGED = 5  # fewer recoveries in tarpit windows than this: the median is not judged
+
+
+def recoveries(t: Timeline) -> list[tuple[str, float, float, float]]:
+    """(fault class, start, end, seconds) of every recovery of a soak job from a fault."""
+    heals = {r["index"]: float(r["t"]) for r in t.heals}
+    found = []
+    for fault in t.faults:
+        at = float(fault["t"])
+        healed = heals.get(fault["index"], at)
+        for job in fault["jobs"]:
+            if fault["kind"] == Kind.JOB_DELETED and job in t.deleted:
+                continue
+            measured = recovery(t, job, at, healed)
+            if measured is None:
+                continue
+            seconds, restarted, _ = measured
+            start = at if restarted else healed
+            found.append((str(fault["kind"]), at, start + seconds, seconds))
+    return found
+
+
+def check_tenant_isolation(t: Timeline) -> Verdict:
+    heals = {r["index"]: r for r in t.heals}
+    windows = []
+    problems: list[str] = []
+    notes: list[str] = []
+    for fault in t.faults:
+        if fault["kind"] != Kind.TENANT_TARPIT:
+            continue
+        heal = heals.get(fault["index"])
+        end = float(heal["t"]) if heal else float("inf")
+        windows.append((float(fault["t"]), end))
+        if heal is not None and not heal.get("requests"):
+            problems.append(f"tenant-tarpit #{fault['index']}: the operator sent its tarpit no request")
+    if not windows:
+        return verdict("13 other tenants recover as usual while one's store is a tarpit", 0, [])
+    usual: dict[str, list[float]] = defaultdict(list)
+    during: list[tuple[str, float, float]] = []  # (class, when, seconds)
+    for kind, begin, end, seconds in recoveries(t):
+        if any(begin < w_end and end > w_start for w_start, w_end in windows):
+            during.append((kind, begin, seconds))
+        else:
+            usual[kind].append(seconds)
+    ratios = []
+    for kind, when, seconds in during:
+        if len(usual[kind]) < MIN_USUAL:
+            notes.append(f"{kind} at t={when:.0f}: {seconds:.1f}s, too few {kind} recoveries outside to compare")
+            continue
+        ratios.append(seconds / max(0.1, statistics.median(usual[kind])))
+        longest = max(usual[kind])
+        if seconds > STALL_RATIO * longest:
+            problems.append(f"{kind} at t={when:.0f}: recovered in {seconds:.1f}s during a tenant tarpit, "
+                            f"the longest outside {longest:.1f}s")  # fmt: skip
+    if len(ratios) >= MIN_JUDGED and (median := statistics.median(ratios)) > MEDIAN_RATIO:
+        problems.append(f"recoveries during tenant tarpits took {median:.2f}x their class's usual median "
+                        f"(limit {MEDIAN_RATIO}x, {len(ratios)} recoveries)")  # fmt: skip
+    elif ratios:
+        notes.append(f"median {statistics.median(ratios):.2f}x the usual over {len(ratios)} recoveries "
+                     f"in {len(windows)} tenant tarpits")  # fmt: skip
+    return verdict("13 other tenants recover as usual while one's store is a tarpit", len(during), problems, notes)
