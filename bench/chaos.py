@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -58,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
                         step_seconds=args.step_seconds, kinds=kinds, calm=args.calm, drain_seconds=args.drain,
                         kueue=args.kueue,
                         steps=tuple(int(x) for x in args.steps.split("-", 1)))  # fmt: skip
+    # `timeout` or a CI runner stops it with SIGTERM: unwind through the rig's teardown, so no
+    # API server, operator replica or trainer of the private testbed outlives the bench.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     result = run_soak(config, workdir, log=lambda line: print(line, flush=True))
     print(summary(result))
     return 0 if result.ok else 1
