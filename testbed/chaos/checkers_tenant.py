@@ -3,7 +3,11 @@ another namespace's checkpoint store is a tarpit (`tenant-tarpit`, testbed/chaos
 
 "Usual" is measured in the same soak: the recoveries (testbed.chaos.report.recovery) of each
 fault class whose span — from the fault to the job stepping again — touched no tenant
-tarpit. A recovery whose span overlapped a tarpit is compared with the median of its class
+tarpit. Only clean recoveries are compared, on both sides: one whose span overlapped another
+fault that slows every job (the GLOBAL classes: the operator, the API server, the store, a
+quota; or the same namespace's checkpoint tarpit) or another fault that touched the same job
+(a node fault under it, a Kueue eviction, a second crash) says nothing about the tenant. A
+clean recovery whose span overlapped a tarpit is compared with the median of its class
 outside: the median of those ratios must stay within MEDIAN_RATIO, and no single one may
 take longer than STALL_RATIO times the longest recovery of its class outside (a stalled
 operator shows as recoveries that wait out the tarpit). Classes with fewer than MIN_USUAL
@@ -16,19 +20,22 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from testbed.chaos.catalogue import Kind
+from testbed.chaos.catalogue import GLOBAL, Kind
+from testbed.chaos.causes import causes
 from testbed.chaos.report import recovery
 from testbed.chaos.timeline import Timeline, Verdict, verdict
 
 MEDIAN_RATIO = 1.5  # the soak's noise is large (load 7 on two cores): bench/isolation.py measures 20 %
 STALL_RATIO = 1.5
 MIN_USUAL = 3
+CONFOUNDING = {str(k) for k in GLOBAL | {Kind.CHECKPOINT_TARPIT}}  # faults that slow every job
 MIN_JUDGED = 5  # fewer recoveries in tarpit windows than this: the median is not judged
 
 
 def recoveries(t: Timeline) -> list[tuple[str, float, float, float]]:
-    """(fault class, start, end, seconds) of every recovery of a soak job from a fault."""
+    """(fault class, start, end, seconds) of every clean recovery of a soak job from a fault."""
     heals = {r["index"]: float(r["t"]) for r in t.heals}
+    others = [c for c in causes(t) if c.kind != Kind.TENANT_TARPIT]
     found = []
     for fault in t.faults:
         at = float(fault["t"])
@@ -41,7 +48,11 @@ def recoveries(t: Timeline) -> list[tuple[str, float, float, float]]:
                 continue
             seconds, restarted, _ = measured
             start = at if restarted else healed
-            found.append((str(fault["kind"]), at, start + seconds, seconds))
+            end = start + seconds
+            if any(c.index != fault["index"] and c.start < end and c.healed > at
+                   and (c.kind in CONFOUNDING or job in c.jobs) for c in others):  # fmt: skip
+                continue
+            found.append((str(fault["kind"]), at, end, seconds))
     return found
 
 

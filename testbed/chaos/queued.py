@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 from topotrain.core.kueue import KUEUE_API_VERSION, QUEUE_LABEL
@@ -29,9 +29,6 @@ from topotrain.placement.topology import TopologyLevels
 from testbed.chaos.catalogue import Fault
 from testbed.kueue_queues import Flavor, KueueQueues, pool_flavor
 from testbed.topology import GPU_RESOURCE, HOSTNAME_LABEL, PRODUCT_LABEL, Pool
-
-if TYPE_CHECKING:
-    from testbed.chaos.rig import Rig
 
 PRODUCT = "L40S-48GB"  # the queued pool's GPUs: no other shape of the soak accepts them
 POOL: dict[str, Any] = {"name": "chaos-queued", "product": PRODUCT, "gpusPerNode": 8, "blocks": 1,
@@ -97,7 +94,7 @@ def reserved(record: dict[str, Any]) -> bool:
 class KueueFaults:
     """The `kueue-preempt` class, a mixin of the Nemesis (needs its rig, stop event, `_record`)."""
 
-    rig: Rig
+    rig: Any  # the Nemesis's testbed.chaos.rig.Rig (rig imports this module)
     _stop: threading.Event
 
     def _workloads(self) -> list[dict[str, Any]]:

@@ -13,16 +13,13 @@ committed checkpoint is read before it is placed), which is what the tarpit hold
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
 from testbed.chaos.catalogue import Fault
 from testbed.harness_stack import CREDENTIALS_SECRET, GROUP, PLURAL, TRAINER_IMAGE, VERSION
 from testbed.tarpit import Tarpit
-
-if TYPE_CHECKING:
-    from testbed.chaos.rig import Rig
 
 NOWHERE = {"topotrain.io/chaos-tenant": "no-such-pool"}  # a label no node of the soak has
 
@@ -53,7 +50,7 @@ def job_manifest(name: str, namespace: str, endpoint: str) -> dict[str, Any]:
 class TenantFaults:
     """The `tenant-tarpit` class, a mixin of the Nemesis (needs its rig, stop event, `_record`)."""
 
-    rig: Rig
+    rig: Any  # the Nemesis's testbed.chaos.rig.Rig (rig imports this module)
     _stop: threading.Event
 
     def _tenant_tarpit(self, fault: Fault) -> None:

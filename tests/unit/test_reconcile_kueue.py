@@ -78,6 +78,22 @@ def test_an_evicted_gang_checkpoints_stops_gives_back_its_quota_and_resumes_when
     assert "admitted by Kueue in ClusterQueue team-a" in _message(d, C.SUSPENDED)
 
 
+def test_a_gang_gone_while_its_eviction_waited_resumes_as_the_next_attempt() -> None:
+    """The soak with Kueue (seed 1001): evicted while Running, the gang's pods all went (one
+    deleted, the other crashed) before it committed; the readmitted gang was created under the
+    attempt number that had already been Running. It is the next attempt."""
+    obs = replace(running_job(), queue=EVICTED)
+    pods = gang(0)
+    d, obs = run(obs, pods=pods, now=at(10))
+    value = request_of(d)
+    assert d.status.phase == "Running" and d.status.attempt == 0
+    d, obs = run(obs, pods=(), now=at(40))  # every pod gone before the checkpoint came
+    assert d.status.phase == "Suspended" and d.status.attempt == 1 and d.status.restarts == 0
+    assert d.release_quota, value
+    d, _ = run(replace(obs, queue=ADMITTED), pods=(), now=at(90))
+    assert d.launch is not None and d.launch.attempt == 1, "never a second gang under attempt 0"
+
+
 def test_a_gang_evicted_before_it_runs_stops_at_once() -> None:
     _, obs = run(replace(observed(), queue=ADMITTED))
     d, _ = run(replace(obs, queue=EVICTED), pods=gang(0, phase="Pending", gated=True))

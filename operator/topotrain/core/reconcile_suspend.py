@@ -12,6 +12,9 @@ from topotrain.core.decision import Decision, Observed
 from topotrain.core.kueue_admission import QueueGate
 from topotrain.core.reconcile_status import StatusBuilder
 
+# Phases in which the current attempt has had pods (a job Pending or already Suspended has not).
+HAD_A_GANG = ("Starting", "Running", "Suspending")
+
 
 def suspend(
     obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
@@ -37,6 +40,10 @@ def suspend(
     decision.relabel, decision.release = None, []
     if live:
         decision.delete += [p.name for p in live if p.name not in decision.delete]
+    if live or current or sb.status.phase in HAD_A_GANG:
+        # The attempt had a gang, even one whose pods were all gone by this pass (deleted,
+        # crashed, collected with a lost node while the stop waited for its checkpoint): the gang
+        # that resumes is the next attempt, never a second gang under a number already Running.
         sb.at_attempt(attempt + 1)
     sb.suspended(step, len(live), why, reason, then)
 
