@@ -17,16 +17,17 @@ runs. Invariant 14 (checkers_kueue.py) judges the time from each eviction to its
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
 from topotrain.core.kueue import KUEUE_API_VERSION, QUEUE_LABEL
 from topotrain.placement.topology import TopologyLevels
 
 from testbed.chaos.catalogue import Fault
+from testbed.chaos.tenant import delete_until_gone
 from testbed.kueue_queues import Flavor, KueueQueues, pool_flavor
 from testbed.topology import GPU_RESOURCE, HOSTNAME_LABEL, PRODUCT_LABEL, Pool
 
@@ -121,13 +122,13 @@ class KueueFaults:
         deadline = time.monotonic() + fault.duration
         try:
             while not self._stop.wait(2.0) and time.monotonic() < deadline:
-                evicted |= {w["job"] for w in self._workloads() if w["job"] and any(
-                    c[0] == "Evicted" and c[1] == "True" for c in w["conditions"])}
+                try:
+                    evicted |= {w["job"] for w in self._workloads() if w["job"] and any(
+                        c[0] == "Evicted" and c[1] == "True" for c in w["conditions"])}
+                except Exception:  # the API server away (another fault): look again next time
+                    continue
         finally:
-            try:
-                custom.delete_namespaced_custom_object(GROUP, VERSION, self.rig.namespace, WORKLOADS, name)
-            except ApiException as err:
-                if err.status != 404:
-                    raise
+            delete_until_gone(functools.partial(custom.delete_namespaced_custom_object, GROUP, VERSION,
+                                                self.rig.namespace, WORKLOADS, name))  # fmt: skip
         # the evidence that Kueue really preempted (a preemptor that evicted nobody proves nothing)
         self.rig.history.add("heal", index=fault.index, kind=fault.kind.value, evicted=sorted(evicted))

@@ -7,9 +7,12 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import pytest
+from kubernetes.client.exceptions import ApiException
+
 from testbed.chaos.catalogue import ISSUE_37, Kind, schedule
 from testbed.chaos.checkers_tenant import check_tenant_isolation
-from testbed.chaos.tenant import job_manifest, tarpit_jobs
+from testbed.chaos.tenant import delete_until_gone, job_manifest, tarpit_jobs
 from testbed.chaos.timeline import Timeline
 
 NS = "chaos-x"
@@ -82,3 +85,28 @@ def test_the_tenant_jobs_take_no_gpu_of_the_soak_and_name_the_tarpit() -> None:
     assert body["spec"]["worker"]["nodeSelector"] == {"topotrain.io/chaos-tenant": "no-such-pool"}
     sizes = {tarpit_jobs(f) for f in schedule(5, 300, 1.0, {Kind.TENANT_TARPIT})}
     assert min(sizes) >= 8 and max(sizes) == 16
+
+
+def test_a_heals_delete_is_asked_again_while_the_api_server_is_away() -> None:
+    """The soak with Kueue, seed 3702: an apiserver-restart during a kueue-preempt's heal left its
+    preemptor Workload behind, holding the queue's quota for good."""
+    calls: list[str] = []
+
+    def flaky() -> None:
+        calls.append("x")
+        if len(calls) < 3:
+            raise ConnectionRefusedError("the API server is restarting")
+
+    delete_until_gone(flaky, pause=0.0)
+    assert len(calls) == 3
+
+    def gone() -> None:
+        raise ApiException(status=404)
+
+    delete_until_gone(gone, pause=0.0)  # already gone: done
+
+    def refused() -> None:
+        raise ApiException(status=403)
+
+    with pytest.raises(ApiException):
+        delete_until_gone(refused, pause=0.0)
