@@ -1,7 +1,7 @@
 """Invariant 13: the soak's jobs recover from their own faults in their usual time while
 another namespace's checkpoint store is a tarpit (`tenant-tarpit`, testbed/chaos/tenant.py).
 
-"Usual" is measured in the same soak: the recoveries (testbed.chaos.report.recovery) of each
+"Usual" is measured in the same soak: the recoveries (testbed.chaos.report.measured) of each
 fault class whose span — from the fault to the job stepping again — touched no tenant
 tarpit, each fault's recoveries taken as one observation (their median: the jobs one fault
 hit recover together, they are not independent). Only clean recoveries are compared, on both sides: one whose span overlapped another
@@ -23,7 +23,7 @@ from collections import defaultdict
 
 from testbed.chaos.catalogue import GLOBAL, Kind
 from testbed.chaos.causes import causes
-from testbed.chaos.report import recovery
+from testbed.chaos.report import measured
 from testbed.chaos.timeline import Timeline, Verdict, verdict
 
 MEDIAN_RATIO = 1.5  # the soak's noise is large (load 7 on two cores): bench/isolation.py measures 20 %
@@ -37,25 +37,15 @@ MIN_JUDGED = 5  # fewer recoveries in tarpit windows than this: the median is no
 
 def recoveries(t: Timeline) -> list[tuple[str, int, float, float, float]]:
     """(fault class, fault index, start, end, seconds) of every clean recovery of a soak job."""
-    heals = {r["index"]: float(r["t"]) for r in t.heals}
     others = [c for c in causes(t) if c.kind != Kind.TENANT_TARPIT]
     found = []
-    for fault in t.faults:
+    for fault, job, healed, (seconds, restarted, _) in measured(t):
         at = float(fault["t"])
-        healed = heals.get(fault["index"], at)
-        for job in fault["jobs"]:
-            if fault["kind"] == Kind.JOB_DELETED and job in t.deleted:
-                continue
-            measured = recovery(t, job, at, healed)
-            if measured is None:
-                continue
-            seconds, restarted, _ = measured
-            start = at if restarted else healed
-            end = start + seconds
-            if any(c.index != fault["index"] and c.start < end and c.healed > at
-                   and (c.kind in CONFOUNDING or job in c.jobs) for c in others):  # fmt: skip
-                continue
-            found.append((str(fault["kind"]), int(fault["index"]), at, end, seconds))
+        end = (at if restarted else float(healed)) + seconds
+        if any(c.index != fault["index"] and c.start < end and c.healed > at
+               and (c.kind in CONFOUNDING or job in c.jobs) for c in others):  # fmt: skip
+            continue
+        found.append((str(fault["kind"]), int(fault["index"]), at, end, seconds))
     return found
 
 

@@ -21,7 +21,7 @@ from topotrain.contract import ATTEMPT_ANNOTATION, RESUME_STEP_ANNOTATION
 from topotrain.core.manifests import NODE_ANNOTATION, TEMPLATE_ANNOTATION
 from topotrain.core.status_lifecycle import RETARGETED
 
-from testbed.chaos.queued import workload_record
+from testbed.chaos import queued
 from testbed.harness import ATTEMPT_LABEL, INDEX_LABEL, JOB_LABEL
 
 GROUP, VERSION, PLURAL = "topotrain.io", "v1alpha1", "trainingjobs"
@@ -151,8 +151,9 @@ class Observer:
         extra: dict[str, Any] = {}
         if self.workloads:
             raw = self.custom.list_namespaced_custom_object(
-                "kueue.x-k8s.io", "v1beta2", self.namespace, "workloads", _preload_content=False, _request_timeout=10)
-            extra["workloads"] = [workload_record(w) for w in json.loads(raw.data)["items"]]
+                queued.GROUP, queued.VERSION, self.namespace, queued.WORKLOADS, _preload_content=False,
+                _request_timeout=10)  # fmt: skip
+            extra["workloads"] = [queued.workload_record(w) for w in json.loads(raw.data)["items"]]
         self.history.add("api", pods=pods, nodes=nodes, jobs=jobs, **extra)
 
     def observe_s3(self) -> None:

@@ -5,6 +5,7 @@ goodput. From the history and the stand-in trainers' events only."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,26 +45,32 @@ def recovery(t: Timeline, job: str, at: float, healed: float) -> tuple[float, bo
     return None if after is None else (after["time"] - healed, False, 0)
 
 
-def class_rows(t: Timeline, records: list[dict[str, Any]]) -> dict[str, ClassRow]:
-    rows: dict[str, ClassRow] = defaultdict(ClassRow)
-    heals = {r["index"]: r["t"] for r in records if r["type"] == "heal"}
-    for r in records:
-        if r["type"] in ("fault-skipped", "fault-error"):
-            rows[r["kind"]].skipped += 1
+def measured(t: Timeline) -> Iterator[tuple[dict[str, Any], str, float, tuple[float, bool, int]]]:
+    """(fault, job, when the fault healed, `recovery`) of every job's recovery from a fault that
+    hit it (a job the fault deleted has none)."""
+    heals = {r["index"]: r["t"] for r in t.heals}
     for fault in t.faults:
-        row = rows[fault["kind"]]
-        row.injected += 1
         healed = heals.get(fault["index"], fault["t"])
         for job in fault["jobs"]:
             if job in t.deleted and fault["kind"] == "job-deleted":
                 continue
             found = recovery(t, job, fault["t"], healed)
-            if found is None:
-                continue
-            seconds, restarted, lost = found
-            row.seconds.append(seconds)
-            row.recoveries += restarted
-            row.lost += lost
+            if found is not None:
+                yield fault, job, healed, found
+
+
+def class_rows(t: Timeline, records: list[dict[str, Any]]) -> dict[str, ClassRow]:
+    rows: dict[str, ClassRow] = defaultdict(ClassRow)
+    for r in records:
+        if r["type"] in ("fault-skipped", "fault-error"):
+            rows[r["kind"]].skipped += 1
+    for fault in t.faults:
+        rows[fault["kind"]].injected += 1
+    for fault, _, _, (seconds, restarted, lost) in measured(t):
+        row = rows[fault["kind"]]
+        row.seconds.append(seconds)
+        row.recoveries += restarted
+        row.lost += lost
     return dict(rows)
 
 
