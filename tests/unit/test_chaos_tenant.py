@@ -65,6 +65,26 @@ def test_slower_recoveries_short_of_a_stall_are_judged_by_their_median() -> None
     assert any("usual median" in d for d in found.details)
 
 
+def dense(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every crash overlapped by a second fault of the same job, 2 s after it (the long form's
+    density): no recovery is clean, so the clean tier has nothing to judge."""
+    crashes = [r for r in records if r["type"] == "fault" and r["kind"] == Kind.TRAINER_CRASH.value]
+    shadows = [{**r, "t": r["t"] + 2, "index": 1000 + r["index"]} for r in crashes]
+    heals = [{"t": r["t"] + 30, "type": "heal", "index": 1000 + r["index"], "kind": r["kind"]} for r in crashes]
+    return sorted(records + shadows + heals, key=lambda r: r["t"])
+
+
+@pytest.mark.parametrize(("during", "ok"), [(12, True), (60, False)])
+def test_at_long_form_density_the_recoveries_are_judged_like_for_like(during: float, ok: bool) -> None:
+    found = judge(dense(history(during=during)))
+    assert found.ok is ok, found.line()
+    assert any("judged at matched density" in n for n in found.notes), found.notes
+    assert found.checked >= 5
+    if not ok:  # both the stalls and the pooled medians say so
+        assert any("during a tenant tarpit" in d for d in found.details), found.details
+        assert any("took" in d and "x those outside" in d for d in found.details), found.details
+
+
 def test_a_tarpit_the_operator_never_reached_proves_nothing() -> None:
     found = judge(history(during=12, requests=0))
     assert not found.ok and "no request" in found.details[0]
