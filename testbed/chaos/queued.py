@@ -85,7 +85,18 @@ def workload_record(workload: dict[str, Any]) -> dict[str, Any]:
         "name": meta["name"], "job": owner, "admitted": bool(status.get("admission")),
         "conditions": [(c.get("type"), c.get("status"), c.get("reason"), c.get("lastTransitionTime"))
                        for c in status.get("conditions") or []],
+        "gpus": workload_gpus(workload),
     }  # fmt: skip
+
+
+def workload_gpus(workload: dict[str, Any]) -> int:
+    """The GPUs a Workload asks for: each pod set's count times its pods' GPU requests."""
+    total = 0
+    for pod_set in (workload.get("spec") or {}).get("podSets") or []:
+        containers = ((pod_set.get("template") or {}).get("spec") or {}).get("containers") or []
+        per_pod = sum(int((c.get("resources") or {}).get("requests", {}).get(GPU_RESOURCE, 0) or 0) for c in containers)
+        total += int(pod_set.get("count") or 0) * per_pod
+    return total
 
 
 def reserved(record: dict[str, Any]) -> bool:
@@ -110,7 +121,7 @@ class KueueFaults:
         holding = [w for w in self._workloads() if w["job"] and reserved(w)]
         if not holding:
             return nemesis._skip(fault, "no queued job holds quota")
-        used = 2 * len(holding)  # each queued job: two 1-GPU pods
+        used = sum(w["gpus"] for w in holding)  # (each queued job: two 1-GPU pods)
         # more than the queue has free: Kueue evicts one to all of the holders to make room
         want = min(QUOTA, QUOTA - used + 1 + int(fault.size * (used - 1)))
         name = f"preemptor-{fault.index:04d}"

@@ -105,3 +105,14 @@ def test_the_observer_keeps_a_workloads_owner_and_condition_times() -> None:
     record = workload_record(raw)
     assert record["job"] == "q" and record["admitted"]
     assert record["conditions"] == [("QuotaReserved", "True", "QuotaReserved", "2026-12-06T10:00:00Z")]
+    assert record["gpus"] == 0  # (no spec: nothing asked)
+
+
+def test_a_workloads_gpus_are_its_pod_sets_counts_times_their_requests() -> None:
+    # the preemptor's size is set from what the holders hold, read from their Workloads
+    assert workload_record(preemptor("p", NS, 5))["gpus"] == 5
+    two = {"metadata": {"name": "w"}, "spec": {"podSets": [
+        {"count": 2, "template": {"spec": {"containers": [{"resources": {"requests": {"nvidia.com/gpu": "4"}}},
+                                                          {"resources": {}}]}}},
+        {"count": 3, "template": {"spec": {"containers": [{"resources": {"requests": {"cpu": "1"}}}]}}}]}}  # fmt: skip
+    assert workload_record(two)["gpus"] == 8
