@@ -115,13 +115,18 @@ class Tier:
     notes: list[str] = field(default_factory=list)
 
 
+def _inside(begin: float, end: float, windows: list[tuple[float, float]]) -> bool:
+    """Whether a recovery's span overlaps a tarpit window."""
+    return any(begin < w_end and end > w_start for w_start, w_end in windows)
+
+
 def compare(found: list[tuple[str, float, float, float]], windows: list[tuple[float, float]]) -> Tier:
     """Recoveries overlapping a tarpit window against those of the same class outside."""
     tier = Tier()
     usual: dict[str, list[float]] = defaultdict(list)
     during: list[tuple[str, float, float]] = []  # (class, when, seconds)
     for kind, begin, end, seconds in found:
-        if any(begin < w_end and end > w_start for w_start, w_end in windows):
+        if _inside(begin, end, windows):
             during.append((kind, begin, seconds))
         else:
             usual[kind].append(seconds)
@@ -152,7 +157,7 @@ def compare_pooled(found: list[tuple[str, float, float, float]], windows: list[t
     tier = Tier()
     by_class: dict[str, list[tuple[bool, float, float]]] = defaultdict(list)  # (inside, when, seconds)
     for kind, begin, end, seconds in found:
-        by_class[kind].append((any(begin < w_end and end > w_start for w_start, w_end in windows), begin, seconds))
+        by_class[kind].append((_inside(begin, end, windows), begin, seconds))
     inside: list[float] = []
     outside: list[float] = []
     for kind, found_of in sorted(by_class.items()):

@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from topotrain.core.kueue import KUEUE_API_VERSION, QUEUE_LABEL
-from topotrain.placement.topology import TopologyLevels
+from topotrain.placement.topology import TopologyLevels, pod_gpus
 
 from testbed.chaos.catalogue import Fault
 from testbed.chaos.tenant import delete_until_gone
@@ -91,12 +91,8 @@ def workload_record(workload: dict[str, Any]) -> dict[str, Any]:
 
 def workload_gpus(workload: dict[str, Any]) -> int:
     """The GPUs a Workload asks for: each pod set's count times its pods' GPU requests."""
-    total = 0
-    for pod_set in (workload.get("spec") or {}).get("podSets") or []:
-        containers = ((pod_set.get("template") or {}).get("spec") or {}).get("containers") or []
-        per_pod = sum(int((c.get("resources") or {}).get("requests", {}).get(GPU_RESOURCE, 0) or 0) for c in containers)
-        total += int(pod_set.get("count") or 0) * per_pod
-    return total
+    return sum(int(pod_set.get("count") or 0) * pod_gpus((pod_set.get("template") or {}).get("spec") or {}, GPU_RESOURCE)
+               for pod_set in (workload.get("spec") or {}).get("podSets") or [])  # fmt: skip
 
 
 def reserved(record: dict[str, Any]) -> bool:
