@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -148,3 +149,21 @@ def replay(history: Path) -> tuple[list[Verdict], dict[str, report.ClassRow]]:
     start = next(r for r in records if r["type"] == "soak-start")
     timeline = Timeline.of(records, start["namespace"])
     return checkers.check_all(timeline, records, expected_losses), report.class_rows(timeline, records)
+
+
+def evidence(result: SoakResult, lines: int = 25) -> str:
+    """What the run left about each job a failed invariant names: its pod logs (one file per pod
+    run, the last `lines` of each) and the operator's log lines naming it, so a failure seen once
+    in CI, whose workdir is gone, can still be explained from the output alone."""
+    failed = "\n".join(d for v in result.verdicts if not v.ok for d in v.details)
+    jobs = sorted(set(re.findall(r"\b[a-z]+-\d{4}\b", failed)))
+    out: list[str] = []
+    for job in jobs:
+        for path in sorted(result.workdir.glob(f"logs/*/{job}/*.log")):
+            tail = path.read_text(errors="replace").splitlines()[-lines:]
+            out += [f"--- {path.name} (last {len(tail)} lines)", *tail]
+        for path in sorted(result.workdir.glob("operator-*.log")):
+            named = [x for x in path.read_text(errors="replace").splitlines() if job in x][-lines:]
+            out += [f"--- {path.name}: last {len(named)} lines naming {job}", *named]
+    return "\n".join(out)
+

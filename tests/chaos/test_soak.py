@@ -20,7 +20,7 @@ import pytest
 
 from testbed.binaries import binary
 from testbed.chaos.catalogue import CLASSIC
-from testbed.chaos.soak import SoakConfig, run_soak, summary
+from testbed.chaos.soak import SoakConfig, evidence, run_soak, summary
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.slow]
 # 119: its 60 faults cover all 17 classes in about three minutes (any seed replays its own).
@@ -41,4 +41,6 @@ def test_sixty_overlapping_faults_break_no_invariant(tmp_path: Path) -> None:
     result = run_soak(config, tmp_path / "soak")
     print(summary(result))
     failed = [v.line() for v in result.verdicts if not v.ok]
+    if failed:  # the workdir is gone with the CI machine: the output keeps what explains it
+        print(evidence(result))
     assert not failed, f"seed {SEED}: invariant violations\n" + "\n".join(failed)
