@@ -308,7 +308,6 @@ class PodProcessHarness:
         uid, namespace, name = meta["uid"], meta["namespace"], meta["name"]
         labels = meta.get("labels") or {}
         job, attempt = labels.get(JOB_LABEL, ""), labels.get(ATTEMPT_LABEL, "0")
-        self._done.add(uid)
         container = spec["containers"][0]
         if len(spec["containers"]) > 1:
             log.warning(
@@ -329,12 +328,18 @@ class PodProcessHarness:
             argv = container_argv(container, env)
         except (LookupError, ValueError) as err:
             # A kubelet reports CreateContainerConfigError and keeps waiting; we fail the pod.
+            self._done.add(uid)
             log.error("harness: pod %s/%s cannot start: %s", namespace, name, err)
             log_path.write_text(f"harness: cannot start: {err}\n")
             self._patch_terminated(
                 namespace, name, container, 128, "CreateContainerConfigError", str(err), now()
             )
             return
+        # Only now is the pod done with: an API error reading its Secrets or ConfigMaps (the API
+        # server restarting) propagates and the next pass starts it, as a kubelet retries. Marked
+        # done before that, such a pod stayed Running with no process (its gang hung at rendezvous
+        # through two restarts in a bounded soak).
+        self._done.add(uid)
         process = spawn(argv, env, scratch, log_path, node=spec["nodeName"])
         pid_file = self.workdir / "pids" / f"{uid}.pid"
         record_pid(pid_file, process.pid)
