@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import signal
 import sys
@@ -47,6 +48,7 @@ from collections import Counter
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -91,6 +93,7 @@ class SizeResult:
     health: HealthProbe | None = None
     waiting: list[tuple[str, str, str]] = field(default_factory=list)  # name, phase, why ("" = none)
     pass_phases: dict[str, list[float]] = field(default_factory=dict)  # of passes that changed pods
+    big_gang: str = ""  # where the big gang's time went (gang_timeline)
 
     def latencies(self, kind: str | None = None) -> list[float]:
         kinds = {s.name: s.kind for s in self.shapes}
@@ -173,6 +176,7 @@ def run_size(bed: Testbed, proxy: RequestCounter | None, run: int, nodes: int, s
         result.reconcile_p50, result.reconcile_p99, result.passes = operator.reconcile_quantiles()
         cpu_after, result.rss_mib = operator.usage()
         result.pass_phases = operator.pass_phases()
+        result.big_gang = gang_timeline(api, namespace, shapes, recorder.records())
         result.cpu_s = cpu_after - cpu_before
         if proxy is not None and before_requests is not None:
             result.requests = proxy.snapshot() - before_requests
@@ -181,6 +185,31 @@ def run_size(bed: Testbed, proxy: RequestCounter | None, run: int, nodes: int, s
         if any(not why for _, _, why in result.waiting):
             print(f"--- operator log ---\n{operator.tail(30)}", file=sys.stderr)
     return result
+
+
+def gang_timeline(api: client.ApiClient, namespace: str, shapes: list[JobShape],
+                  records: list[JobRecord]) -> str:
+    """The big gang's apply -> Running, split by its pods' own timestamps (whole seconds, from
+    the API server): first and last pod created, first and last bound (PodScheduled), last
+    started (KWOK's status.startTime), each from the apply."""
+    big = next((s.name for s in shapes if s.kind == "big"), None)
+    applied = next((r.applied for r in records if r.name == big), None)
+    if big is None or applied is None:
+        return ""
+    pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=f"topotrain.io/job={big}",
+                                                     _preload_content=False)  # fmt: skip
+    items = json.loads(pods.data)["items"]
+
+    def at(stamps: list[str]) -> tuple[float, float]:
+        times = sorted(datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp() - applied for s in stamps)
+        return (times[0], times[-1]) if times else (float("nan"), float("nan"))
+
+    created = at([p["metadata"]["creationTimestamp"] for p in items])
+    bound = at([c["lastTransitionTime"] for p in items for c in (p.get("status") or {}).get("conditions") or []
+                if c.get("type") == "PodScheduled" and c.get("status") == "True"])  # fmt: skip
+    started = at([p["status"]["startTime"] for p in items if (p.get("status") or {}).get("startTime")])
+    return (f"{big} ({len(items)} pods), seconds from its apply: created {created[0]:.0f}-{created[1]:.0f}, "
+            f"bound {bound[0]:.0f}-{bound[1]:.0f}, started {started[0]:.0f}-{started[1]:.0f}")
 
 
 def apply_stream(api: client.ApiClient, namespace: str, topology: str, shapes: list[JobShape],
@@ -254,6 +283,8 @@ def print_table(results: list[SizeResult]) -> None:
                   f"heartbeat age max {max(probe.loop_ages, default=float('nan')):.1f} s")
         for name, phase, why in result.waiting:
             print(f"not Running at {result.nodes} nodes: {name} ({phase}): {why or 'NO CONDITION SAYS WHY'}")
+        if result.big_gang:
+            print(f"big gang at {result.nodes} nodes: {result.big_gang}")
         phases = result.pass_phases
         if phases and phases["act"]:
             parts = ", ".join(f"{name} p50 {percentile(v, 0.5):.2f} s max {max(v):.2f} s"

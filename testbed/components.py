@@ -167,6 +167,10 @@ def controller_manager(layout: Layout, settings: Settings) -> list[str]:
         f"--node-monitor-grace-period={settings.node_lease_seconds}s",
         "--kube-api-qps=200",
         "--kube-api-burst=400",
+        # EndpointSlices of a gang's headless Service rewritten at most once a second, not on
+        # every one of its pods' changes (a 1,024-pod gang's start is thousands of them; the
+        # large-cluster setting, off by default)
+        "--endpointslice-updates-batch-period=1s",
         "--v=1",
     ]
 
@@ -176,6 +180,11 @@ def scheduler(layout: Layout, settings: Settings) -> list[str]:
         str(binary("kube-scheduler")),
         *_delegated_auth(layout, "kube-scheduler"),
         f"--secure-port={settings.ports.scheduler}",
+        # kube-scheduler's own client limit (50 requests/s, bursts of 100) would bind a 1,024-pod
+        # gang in no less than 19 s, whatever placed it: a fleet of thousands of GPU nodes runs it
+        # higher, as the controller manager here (and kwokctl --disable-qps-limits) does.
+        "--kube-api-qps=500",
+        "--kube-api-burst=1000",
         "--v=1",
     ]
 

@@ -21,7 +21,7 @@ from typing import Any
 from topotrain.api.spec import TrainingJobSpec
 from topotrain.contract import CHECKPOINT_REQUEST
 from topotrain.controller.indexes import JobKey
-from topotrain.controller.kube import ApiException, Kube, StaleWrite
+from topotrain.controller.kube import ApiException, Kube, StaleWrite, drain
 from topotrain.controller.settings import Settings
 from topotrain.controller.snapshot import Ledger
 from topotrain.controller.status_patch import tested_patch
@@ -238,9 +238,9 @@ def relabel_pods(kube: Kube, namespace: str, seen: Mapping[str, str],
     the value the pass saw (`seen`: name -> value); raises StaleWrite when one's does not."""
     def one(name: str) -> None:
         try:
-            kube.core.patch_namespaced_pod(name, namespace, tested_patch(ATTEMPT_LABEL, seen[name], patch),
-                                           field_manager=FIELD_OWNER,
-                                           _content_type="application/json-patch+json")
+            drain(kube.core.patch_namespaced_pod(name, namespace, tested_patch(ATTEMPT_LABEL, seen[name], patch),
+                                                 field_manager=FIELD_OWNER, _preload_content=False,
+                                                 _content_type="application/json-patch+json"))
         except ApiException as exc:
             if exc.status == 422:
                 raise StaleWrite(f"pod {namespace}/{name}'s attempt is no longer {seen[name]}", exc) from None

@@ -188,9 +188,9 @@ class Kube:
             meta = manifest["metadata"]
             self.fence()
             try:
-                self.core.create_namespaced_pod(
-                    meta["namespace"], cast(Any, manifest), field_manager=FIELD_OWNER
-                )
+                drain(self.core.create_namespaced_pod(
+                    meta["namespace"], cast(Any, manifest), field_manager=FIELD_OWNER, _preload_content=False,
+                ))
             except ApiException as exc:
                 if exc.status == 409:
                     return self._created_by_us(manifest, refused)
@@ -274,17 +274,17 @@ class Kube:
 
     def release_pods(self, namespace: str, names: list[str]) -> list[str]:
         """Remove the gang scheduling gate from every pod, together (422: already released)."""
-        return self.each_pod(names, lambda name: self.core.patch_namespaced_pod(
+        return self.each_pod(names, lambda name: drain(self.core.patch_namespaced_pod(
             name, namespace, [{"op": "remove", "path": "/spec/schedulingGates"}],
-            field_manager=FIELD_OWNER, _content_type="application/json-patch+json",
-        ), tolerated=(422,))
+            field_manager=FIELD_OWNER, _content_type="application/json-patch+json", _preload_content=False,
+        )), tolerated=(422,))
 
     def patch_pods(self, namespace: str, names: list[str], patch: Mapping[str, Any]) -> list[str]:
         """The same JSON merge patch on each pod's metadata (a pod gone meanwhile is skipped)."""
-        return self.each_pod(names, lambda name: self.core.patch_namespaced_pod(
+        return self.each_pod(names, lambda name: drain(self.core.patch_namespaced_pod(
             name, namespace, dict(patch), field_manager=FIELD_OWNER,
-            _content_type="application/merge-patch+json",
-        ))
+            _content_type="application/merge-patch+json", _preload_content=False,
+        )))
 
     def delete_pods(self, namespace: str, names: list[str], grace_seconds: int,
                     seen: Mapping[str, tuple[str, str]] | None = None) -> list[str]:
@@ -297,7 +297,7 @@ class Kube:
             body = client.V1DeleteOptions(grace_period_seconds=grace_seconds,
                                           propagation_policy="Background", preconditions=pre)
             try:
-                self.core.delete_namespaced_pod(name, namespace, body=body)
+                drain(self.core.delete_namespaced_pod(name, namespace, body=body, _preload_content=False))
             except ApiException as exc:
                 if exc.status == 409 and known is not None:
                     raise StaleWrite(f"pod {namespace}/{name} changed since it was read", exc) from None
@@ -398,3 +398,13 @@ def _unless_absent(call: Callable[[], T]) -> T | None:
         if exc.status == 404:
             return None
         raise
+
+
+def drain(response: Any) -> None:
+    """Read a raw (`_preload_content=False`) answer to its end and hand its connection back.
+
+    The operator's pod writes need only their status (an error still raises ApiException, with
+    the API server's message): decoding the returned Pod into the client's model classes cost
+    about a millisecond of CPU a call, 2,048 of them for a 1,024-pod gang's create and release."""
+    response.read()
+    response.release_conn()
