@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, TypeVar, cast
 
 from kubernetes import client, config
@@ -36,6 +37,10 @@ log = logging.getLogger("topotrain.kube")
 T = TypeVar("T")
 # The other modules of the controller catch ApiException from here (the only client import).
 WORKERS = 16  # parallel pod creates/deletes: a 512-pod gang in well under a second
+# The most calls one gang's creates (or releases, deletes, patches) have queued or in flight on
+# the shared pool at once: the pool serves in arrival order, so a 1,024-pod gang that queued all
+# its calls at once held every other job's pods behind its own for half a minute.
+PER_GANG = 12
 PASS_THREADS = 16  # the event loop's worker threads (main.py): the passes' blocking calls
 # Connections kept alive to the API server: one for each thread that may call at once. (The
 # client's default, 5 per CPU, is 10 on two cores: a gang's 16 parallel creates beside the passes'
@@ -180,6 +185,20 @@ class Kube:
             # created by someone else since we looked, with fields that clash with ours
             raise ForeignObject(kind, namespace, name, None, job) from None
 
+    def map(self, fn: Callable[[Any], T], items: list[Any]) -> list[T]:
+        """`fn` over `items` on the shared pool, in order, with at most PER_GANG of them queued or
+        running at once, so that one gang's calls take turns with other jobs' instead of all
+        coming first. Raises the first item's error, as `Executor.map` does, once all are done."""
+        slots = threading.BoundedSemaphore(PER_GANG)
+        futures: list[Future[T]] = []
+        for item in items:
+            slots.acquire()
+            future = self.pool.submit(fn, item)
+            future.add_done_callback(lambda _: slots.release())
+            futures.append(future)
+        wait(futures)
+        return [f.result() for f in futures]
+
     def create_pods(self, manifests: list[dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
         """Create pods (in parallel): (names that exist afterwards, refused name -> API message)."""
         refused: dict[str, str] = {}
@@ -201,7 +220,7 @@ class Kube:
                 return None
             return str(meta["name"])
 
-        created = [name for name in self.pool.map(one, manifests) if name is not None]
+        created = [name for name in self.map(one, manifests) if name is not None]
         return created, refused
 
     def _created_by_us(self, manifest: dict[str, Any], refused: dict[str, str]) -> str | None:
@@ -270,7 +289,7 @@ class Kube:
                     raise
             return None
 
-        return [n for n in self.pool.map(one, names) if n is not None]
+        return [n for n in self.map(one, names) if n is not None]
 
     def release_pods(self, namespace: str, names: list[str]) -> list[str]:
         """Remove the gang scheduling gate from every pod, together (422: already released)."""
