@@ -212,6 +212,16 @@ def gang_timeline(api: client.ApiClient, namespace: str, shapes: list[JobShape],
             f"bound {bound[0]:.0f}-{bound[1]:.0f}, started {started[0]:.0f}-{started[1]:.0f}")
 
 
+def slowest(result: SizeResult, count: int = 8) -> str:
+    """The `count` slowest jobs, each with when it came relative to the big gang (its tail's cause)."""
+    kinds = {s.name: s.kind for s in result.shapes}
+    big = next((r.applied for r in result.records if kinds.get(r.name) == "big"), None)
+    done = sorted((r for r in result.records if r.running is not None),
+                  key=lambda r: r.applied - (r.running or 0.0))[:count]  # fmt: skip
+    return ", ".join(f"{r.name} {(r.running or 0.0) - r.applied:.1f} (at {r.applied - big:+.0f})"
+                     if big is not None else f"{r.name} {(r.running or 0.0) - r.applied:.1f}" for r in done)
+
+
 def apply_stream(api: client.ApiClient, namespace: str, topology: str, shapes: list[JobShape],
                  recorder: JobRecorder) -> None:
     custom = client.CustomObjectsApi(api)
@@ -285,6 +295,8 @@ def print_table(results: list[SizeResult]) -> None:
             print(f"not Running at {result.nodes} nodes: {name} ({phase}): {why or 'NO CONDITION SAYS WHY'}")
         if result.big_gang:
             print(f"big gang at {result.nodes} nodes: {result.big_gang}")
+        if slow := slowest(result):
+            print(f"slowest at {result.nodes} nodes (apply -> Running s, applied at s from the big gang's apply): {slow}")
         phases = result.pass_phases
         if phases and phases["act"]:
             parts = ", ".join(f"{name} p50 {percentile(v, 0.5):.2f} s max {max(v):.2f} s"

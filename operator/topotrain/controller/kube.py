@@ -38,9 +38,10 @@ T = TypeVar("T")
 # The other modules of the controller catch ApiException from here (the only client import).
 WORKERS = 16  # parallel pod creates/deletes: a 512-pod gang in well under a second
 # The most calls one gang's creates (or releases, deletes, patches) have queued or in flight on
-# the shared pool at once: the pool serves in arrival order, so a 1,024-pod gang that queued all
-# its calls at once held every other job's pods behind its own for half a minute.
-PER_GANG = 12
+# the shared pool at once: as many as the pool has workers, so a gang alone keeps all of them
+# busy, while another job's calls wait behind at most that many of the gang's (the pool serves in
+# arrival order: a 1,024-pod gang used to queue its 2,048 calls ahead of everyone's).
+PER_GANG = WORKERS
 PASS_THREADS = 16  # the event loop's worker threads (main.py): the passes' blocking calls
 # Connections kept alive to the API server: one for each thread that may call at once. (The
 # client's default, 5 per CPU, is 10 on two cores: a gang's 16 parallel creates beside the passes'
