@@ -1,5 +1,5 @@
 """One gang's many API calls take turns with other jobs' on the operator's shared pool of API
-workers (`Kube.map`): a job that arrives while a 1,024-pod gang is created gets its own pods
+workers (`apicalls.bounded_map`, which `Kube`'s pod calls go through): a job that arrives while a 1,024-pod gang is created gets its own pods
 created at once, not after the whole gang's. The API server is faked at this unit boundary (the
 calls are functions that wait a little)."""
 
@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from kubernetes import client
-from topotrain.controller.kube import PER_GANG, WORKERS, Kube
+from topotrain.controller.apicalls import PER_GANG, WORKERS, bounded_map
 
 
 def test_a_small_jobs_calls_are_not_queued_behind_a_big_gangs() -> None:
-    kube = Kube(client.ApiClient())
+    pool = ThreadPoolExecutor(WORKERS)  # the operator's shared pool (Kube.pool)
     done: list[str] = []
     lock = threading.Lock()
 
@@ -30,14 +30,16 @@ def test_a_small_jobs_calls_are_not_queued_behind_a_big_gangs() -> None:
 
     def big_gang() -> None:
         started.set()
-        result.extend(kube.map(call, big))
+        result.extend(bounded_map(pool, call, big))
 
     thread = threading.Thread(target=big_gang)
     thread.start()
     started.wait()
+    deadline = time.monotonic() + 60
     while not done:  # the gang's calls are under way
+        assert thread.is_alive() and time.monotonic() < deadline, "the gang's calls never ran"
         time.sleep(0.001)
-    assert kube.map(call, ["small-0", "small-1"]) == ["small-0", "small-1"]
+    assert bounded_map(pool, call, ["small-0", "small-1"]) == ["small-0", "small-1"]
     with lock:
         before = sum(1 for name in done if name.startswith("big-"))
     thread.join()
@@ -45,11 +47,11 @@ def test_a_small_jobs_calls_are_not_queued_behind_a_big_gangs() -> None:
     # not for the rest of the gang (the shared pool serves in arrival order).
     assert before <= PER_GANG + WORKERS + 2, f"{before} of the gang's calls went first"
     assert result == big  # the gang's answers in its own order, all of them
-    kube.pool.shutdown()
+    pool.shutdown()
 
 
 def test_the_first_failure_is_raised_after_every_call_ran() -> None:
-    kube = Kube(client.ApiClient())
+    pool = ThreadPoolExecutor(WORKERS)
     ran: list[int] = []
 
     def call(i: int) -> int:
@@ -59,6 +61,6 @@ def test_the_first_failure_is_raised_after_every_call_ran() -> None:
         return i
 
     with pytest.raises(ValueError, match="refused"):
-        kube.map(call, list(range(40)))
+        bounded_map(pool, call, list(range(40)))
     assert sorted(ran) == list(range(40))
-    kube.pool.shutdown()
+    pool.shutdown()

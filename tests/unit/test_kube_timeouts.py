@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import urllib3
 from kubernetes import client
-from topotrain.controller import kube
+from topotrain.controller import apicalls, kube
 
 
 def test_an_api_server_that_never_answers_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -36,7 +36,7 @@ def test_parallel_calls_keep_their_connections_alive() -> None:
     """A gang's parallel pod calls beside the passes' calls (WORKERS + PASS_THREADS at once) reuse
     their connections on the next burst: none is dropped for a full pool and made again (on two
     cores the client's default pool held 10, and each call past it paid a TLS handshake)."""
-    at_once = kube.WORKERS + kube.PASS_THREADS
+    at_once = apicalls.WORKERS + apicalls.PASS_THREADS
     barrier = threading.Barrier(at_once, timeout=20)
     connections: list[int] = []
 

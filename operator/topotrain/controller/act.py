@@ -20,8 +20,9 @@ from typing import Any
 
 from topotrain.api.spec import TrainingJobSpec
 from topotrain.contract import CHECKPOINT_REQUEST
+from topotrain.controller.apicalls import drain
 from topotrain.controller.indexes import JobKey
-from topotrain.controller.kube import ApiException, Kube, StaleWrite, drain
+from topotrain.controller.kube import ApiException, Kube, StaleWrite
 from topotrain.controller.settings import Settings
 from topotrain.controller.snapshot import Ledger
 from topotrain.controller.status_patch import tested_patch

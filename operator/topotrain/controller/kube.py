@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, cast
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException as ApiException  # re-exported: see below
 
 from topotrain import GROUP, PLURAL, TEMPLATE_PLURAL, VERSION
+from topotrain.controller.apicalls import CONNECTIONS, WORKERS, api_message, bounded_map, drain
 from topotrain.controller.status_patch import status_patch
 from topotrain.core.kueue import KUEUE_GROUP, KUEUE_VERSION
 from topotrain.core.manifests import FIELD_OWNER
@@ -36,17 +36,6 @@ from topotrain.core.rank_table import RankTable, parse_rank_table, rank_table_na
 log = logging.getLogger("topotrain.kube")
 T = TypeVar("T")
 # The other modules of the controller catch ApiException from here (the only client import).
-WORKERS = 16  # parallel pod creates/deletes: a 512-pod gang in well under a second
-# The most calls one gang's creates (or releases, deletes, patches) have queued or in flight on
-# the shared pool at once: as many as the pool has workers, so a gang alone keeps all of them
-# busy, while another job's calls wait behind at most that many of the gang's (the pool serves in
-# arrival order: a 1,024-pod gang used to queue its 2,048 calls ahead of everyone's).
-PER_GANG = WORKERS
-PASS_THREADS = 16  # the event loop's worker threads (main.py): the passes' blocking calls
-# Connections kept alive to the API server: one for each thread that may call at once. (The
-# client's default, 5 per CPU, is 10 on two cores: a gang's 16 parallel creates beside the passes'
-# calls found the pool full, and each call past it paid a TLS handshake on a busy API server.)
-CONNECTIONS = WORKERS + PASS_THREADS
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"  # the resyncs' LISTs
 
 
@@ -60,16 +49,6 @@ class StaleWrite(ApiException):
 
     def __str__(self) -> str:
         return f"{self.status}: {self.reason}"
-
-
-def api_message(exc: ApiException) -> str:
-    """The API server's own words from an error response (its Status message), else the reason."""
-    try:
-        body = json.loads(exc.body or "{}")
-    except (TypeError, ValueError):
-        body = {}
-    message = body.get("message") if isinstance(body, dict) else None
-    return str(message or exc.reason or "unknown error")[:1000]
 
 
 def load_config() -> None:
@@ -186,20 +165,6 @@ class Kube:
             # created by someone else since we looked, with fields that clash with ours
             raise ForeignObject(kind, namespace, name, None, job) from None
 
-    def map(self, fn: Callable[[Any], T], items: list[Any]) -> list[T]:
-        """`fn` over `items` on the shared pool, in order, with at most PER_GANG of them queued or
-        running at once, so that one gang's calls take turns with other jobs' instead of all
-        coming first. Raises the first item's error, as `Executor.map` does, once all are done."""
-        slots = threading.BoundedSemaphore(PER_GANG)
-        futures: list[Future[T]] = []
-        for item in items:
-            slots.acquire()
-            future = self.pool.submit(fn, item)
-            future.add_done_callback(lambda _: slots.release())
-            futures.append(future)
-        wait(futures)
-        return [f.result() for f in futures]
-
     def create_pods(self, manifests: list[dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
         """Create pods (in parallel): (names that exist afterwards, refused name -> API message)."""
         refused: dict[str, str] = {}
@@ -221,7 +186,7 @@ class Kube:
                 return None
             return str(meta["name"])
 
-        created = [name for name in self.map(one, manifests) if name is not None]
+        created = [name for name in bounded_map(self.pool, one, manifests) if name is not None]
         return created, refused
 
     def _created_by_us(self, manifest: dict[str, Any], refused: dict[str, str]) -> str | None:
@@ -290,7 +255,7 @@ class Kube:
                     raise
             return None
 
-        return [n for n in self.map(one, names) if n is not None]
+        return [n for n in bounded_map(self.pool, one, names) if n is not None]
 
     def release_pods(self, namespace: str, names: list[str]) -> list[str]:
         """Remove the gang scheduling gate from every pod, together (422: already released)."""
@@ -419,12 +384,3 @@ def _unless_absent(call: Callable[[], T]) -> T | None:
             return None
         raise
 
-
-def drain(response: Any) -> None:
-    """Read a raw (`_preload_content=False`) answer to its end and hand its connection back.
-
-    The operator's pod writes need only their status (an error still raises ApiException, with
-    the API server's message): decoding the returned Pod into the client's model classes cost
-    about a millisecond of CPU a call, 2,048 of them for a 1,024-pod gang's create and release."""
-    response.read()
-    response.release_conn()

@@ -18,6 +18,7 @@ import kopf
 
 from topotrain import GROUP, KIND, PLURAL, VERSION
 from topotrain.controller import kopf_readiness
+from topotrain.controller.apicalls import PASS_THREADS
 from topotrain.controller.fleet import Fleet
 from topotrain.controller.health import PASSES, HealthServer, LoopHealth
 from topotrain.controller.indexes import (
@@ -28,7 +29,7 @@ from topotrain.controller.indexes import (
     slim_node,
     slim_pod,
 )
-from topotrain.controller.kube import PASS_THREADS, Kube, load_config
+from topotrain.controller.kube import Kube, load_config
 from topotrain.controller.leader import Elector, KubeLeases, Leadership, LeaderTiming
 from topotrain.controller.loop import JobLoop
 from topotrain.controller.metrics import METRICS

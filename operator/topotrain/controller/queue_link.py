@@ -43,8 +43,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from topotrain.api.spec import TrainingJobSpec
+from topotrain.controller.apicalls import api_message
 from topotrain.controller.indexes import JobKey
-from topotrain.controller.kube import ApiException, Kube, api_message
+from topotrain.controller.kube import ApiException, Kube
 from topotrain.core import kueue, kueue_admission, kueue_pods, kueue_slices, multikueue
 from topotrain.core.kueue_admission import QueueGate
 from topotrain.core.kueue_pods import PodSetUpdate
