@@ -216,10 +216,10 @@ def slowest(result: SizeResult, count: int = 8) -> str:
     """The `count` slowest jobs, each with when it came relative to the big gang (its tail's cause)."""
     kinds = {s.name: s.kind for s in result.shapes}
     big = next((r.applied for r in result.records if kinds.get(r.name) == "big"), None)
-    done = sorted((r for r in result.records if r.running is not None),
-                  key=lambda r: r.applied - (r.running or 0.0))[:count]  # fmt: skip
-    return ", ".join(f"{r.name} {(r.running or 0.0) - r.applied:.1f} (at {r.applied - big:+.0f})"
-                     if big is not None else f"{r.name} {(r.running or 0.0) - r.applied:.1f}" for r in done)
+    waits = sorted(((r.running - r.applied, r) for r in result.records if r.running is not None),
+                   key=lambda pair: -pair[0])[:count]  # fmt: skip
+    return ", ".join(f"{r.name} {wait:.1f}" + (f" (at {r.applied - big:+.0f})" if big is not None else "")
+                     for wait, r in waits)
 
 
 def apply_stream(api: client.ApiClient, namespace: str, topology: str, shapes: list[JobShape],

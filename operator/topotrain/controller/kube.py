@@ -383,4 +383,3 @@ def _unless_absent(call: Callable[[], T]) -> T | None:
         if exc.status == 404:
             return None
         raise
-
