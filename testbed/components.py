@@ -212,9 +212,8 @@ options:
 
 def kwok(layout: Layout, settings: Settings) -> list[str]:
     options = layout.root / "kwok-configuration.yaml"
-    if not options.exists() or options.read_text() != KWOK_CONFIGURATION:
-        options.parent.mkdir(parents=True, exist_ok=True)
-        options.write_text(KWOK_CONFIGURATION)
+    options.parent.mkdir(parents=True, exist_ok=True)
+    options.write_text(KWOK_CONFIGURATION)
     return [
         str(binary("kwok")),
         f"--kubeconfig={layout.component_kubeconfig('kwok')}",
