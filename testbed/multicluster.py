@@ -41,7 +41,10 @@ WORKERS = ("worker-1", "worker-2")
 EXTERNAL_FRAMEWORK = "TrainingJob.v1alpha1.topotrain.io"
 CHECK = "multikueue"
 WORKER_LOST_SECONDS = 10
-PODS_READY_SECONDS = 20  # the workers' waitForPodsReady timeout (and recovery timeout)
+# The workers' waitForPodsReady timeout (and recovery timeout): from admission to the gang
+# running, long enough for a loaded CI machine (the operator's pod creates, KWOK's binding and
+# the stand-in's start run beside the kind stage); at 20 s a CI run failed the first test.
+PODS_READY_SECONDS = 60
 FLEET: dict[str, Any] = {"name": "mk", "pools": [
     {"name": "mk-h100", "product": "H100-80GB", "gpusPerNode": 4, "blocks": 1, "racksPerBlock": 1,
      "nodesPerRack": 1, "nvlinkDomainNodes": 1}]}  # fmt: skip
