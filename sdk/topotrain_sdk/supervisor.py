@@ -91,11 +91,21 @@ def await_activation(stream: IO[str] | None = None) -> dict[str, str] | None:
     return env
 
 
+def thread_env(base: Mapping[str, str], nproc_per_node: int) -> dict[str, str]:
+    """The pod's environment with torchrun's thread default: with more than one local rank and
+    no OMP_NUM_THREADS of the pod's own, each rank gets one OpenMP thread (else every rank
+    starts a thread per core of the node and the ranks oversubscribe its CPUs). Spares get it
+    too: torch reads it when it is imported."""
+    if nproc_per_node > 1 and "OMP_NUM_THREADS" not in base:
+        return {**base, "OMP_NUM_THREADS": "1"}
+    return dict(base)
+
+
 def worker_env(base: Mapping[str, str], env: TrainerEnv, local_rank: int) -> dict[str, str]:
     """One rank's environment: the pod's, the attempt's contract, torch's env:// rendezvous."""
     rank = env.node_rank * env.nproc_per_node + local_rank
     return {
-        **base, **env.to_env(),
+        **thread_env(base, env.nproc_per_node), **env.to_env(),
         "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(env.world_size),
         "LOCAL_WORLD_SIZE": str(env.nproc_per_node), "GROUP_RANK": str(env.node_rank),
         "MASTER_ADDR": env.master_addr, "MASTER_PORT": str(env.master_port),
@@ -218,7 +228,8 @@ class Supervisor:
         self.spares_due = None
         for _ in range(self.env.nproc_per_node):
             self.spares.append(subprocess.Popen(
-                self.worker_argv, env={**self.base_env, SPARE_ENV: "1"}, stdin=subprocess.PIPE,
+                self.worker_argv, env={**thread_env(self.base_env, self.env.nproc_per_node), SPARE_ENV: "1"},
+                stdin=subprocess.PIPE,
             ))  # fmt: skip
         self.emit({"event": "spares_started", "spares": len(self.spares)})
 

@@ -16,6 +16,7 @@ import sys
 import textwrap
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,11 @@ def test_worker_environment_is_the_rendezvous_torchrun_would_give() -> None:
     env = worker_env({"PATH": "/bin"}, ENV, 1)
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["MASTER_PORT"]) == ("3", "1", "4", "29500")
     assert env["PATH"] == "/bin" and env["TOPOTRAIN_ATTEMPT"] == "0"
+    # torchrun's thread default: one OpenMP thread per rank of a multi-rank pod, unless the pod
+    # says otherwise; a one-rank pod keeps torch's own default
+    assert env["OMP_NUM_THREADS"] == "1"
+    assert worker_env({"OMP_NUM_THREADS": "4"}, ENV, 1)["OMP_NUM_THREADS"] == "4"
+    assert "OMP_NUM_THREADS" not in worker_env({}, replace(ENV, nproc_per_node=1, nnodes=4), 0)
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ from topotrain.api.status import ConditionType, JobTemplateStatus, Reason, Train
 from topotrain.controller.act import Actuator, acts
 from topotrain.controller.health import PASSES
 from topotrain.controller.indexes import IndexedNodes, JobKey, index_values, job_pods_key
+from topotrain.controller.kopf_finalizer import finalizer_shown
 from topotrain.controller.leader import STALE
 from topotrain.controller.metrics import METRICS
 from topotrain.controller.observe import Observer
@@ -50,8 +51,6 @@ from topotrain.core.rank_table import RankTable
 from topotrain.core.reconcile_status import CheckpointView
 
 log = logging.getLogger("topotrain.jobs")
-
-
 COALESCE_SECONDS = 0.02  # let a burst of watch events land before the next pass
 
 
@@ -78,6 +77,7 @@ class JobLoop:
         event = self.op.wakers[self.key] = asyncio.Event()
         PASSES.loop_started()
         try:
+            await finalizer_shown(self.body, stopped)  # the first pass decides from kopf's write
             while not stopped:
                 event.clear()
                 if self.op.leader is not None and not await self.op.leader.wait_acting(1.0):

@@ -29,6 +29,7 @@ from topotrain.controller.indexes import (
     slim_node,
     slim_pod,
 )
+from topotrain.controller.kopf_finalizer import FINALIZER
 from topotrain.controller.kube import Kube, load_config
 from topotrain.controller.leader import Elector, KubeLeases, Leadership, LeaderTiming
 from topotrain.controller.loop import JobLoop
@@ -54,7 +55,7 @@ def _operator() -> Operator:
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     load_config()
-    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     settings.posting.level = logging.INFO
