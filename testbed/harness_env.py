@@ -48,7 +48,7 @@ MASTER_PORT = "MASTER_PORT"
 LOCAL_ADDR = "127.0.0.1"
 # Variables the harness passes from its own environment (a container image
 # would bring its own; ours is this machine's Python venv).
-INHERITED = ("LANG", "LC_ALL", "TZ", "OMP_NUM_THREADS")
+INHERITED = ("LANG", "LC_ALL", "TZ")
 
 
 def _dockerfile_entrypoint(dockerfile: Path) -> list[str] | None:
