@@ -222,10 +222,18 @@ def test_a_job_that_loses_its_assigned_node_is_handed_back_to_kueue_never_taking
             return any(f"node {lost} (not Ready)" in m and "handed back to Kueue for a new topology "
                        "assignment" in m for m in said)
         job = stack.wait_job("kept", handed_back, timeout=180, what="kept handed back to Kueue")
-        events = json.loads(stack.kubectl("-n", stack.namespace, "get", "events", "-o", "json",
-                                          "--field-selector", "involvedObject.name=kept").stdout)
-        warned = [e for e in events["items"] if e.get("reason") == "HandedBackToKueue"]
-        assert warned and lost in warned[0]["message"] and warned[0]["type"] == "Warning", events
+        # The pass writes its status first and posts its Events after (kopf posts them from a
+        # queue): the Event may land after the condition is seen (CI, 2026-12-07).
+        warned: list[dict[str, Any]] = []
+
+        def event_posted() -> bool:
+            events = json.loads(stack.kubectl("-n", stack.namespace, "get", "events", "-o", "json",
+                                              "--field-selector", "involvedObject.name=kept").stdout)
+            warned[:] = [e for e in events["items"] if e.get("reason") == "HandedBackToKueue"]
+            return bool(warned)
+
+        wait_until(event_posted, timeout=60, what="the HandedBackToKueue Event of kept")
+        assert lost in warned[0]["message"] and warned[0]["type"] == "Warning", warned
         # Requeued and waiting: no admission while its node is down, and no pod of it on a node
         # Kueue promised to the other Workload.
         wait_until(lambda: not ((_workload(stack, "kept") or {}).get("status") or {}).get("admission"),
