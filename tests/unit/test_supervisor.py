@@ -157,10 +157,18 @@ def test_peer_loss_waits_for_the_next_attempt_and_restarts_in_place(tmp_path: Pa
     write_control(tmp_path, 0)
     plan = {"0/0": "exit:76", "0/1": "exit:76", "1/0": "sleep", "1/1": "sleep", "2/0": "exit:0",
             "2/1": "exit:0"}  # fmt: skip
-    sup = supervisor(tmp_path, plan)
+    # Both ranks fail on their own; the settle ends as soon as both have exited (a short one
+    # killed the slower interpreter before it ran on a loaded machine).
+    sup = supervisor(tmp_path, plan, settle=LIVENESS)
+    events: list[dict[str, object]] = []
+    sup.emit = events.append
     thread, result = run_in_thread(sup)
-    time.sleep(1.5)
+    # The next attempt is written once the pod waits for it: written earlier, it replaced an
+    # attempt whose workers had not started yet (CI, 2026-12-07: nothing of attempt 0 ran).
+    wait_for(lambda: any(e["event"] == "peer_lost" for e in events))
+    time.sleep(0.5)
     assert thread.is_alive(), "a pod whose ranks only lost a peer stays up"
+    assert [r["attempt"] for r in starts(tmp_path)] == [0, 0]
     write_control(tmp_path, 1, resume="8", master="job-1-0.job.ns.svc")
     wait_for(lambda: len(starts(tmp_path)) == 4)
     # The attempt goes up again while the workers run: they are stopped and started anew.
@@ -174,7 +182,7 @@ def test_peer_loss_waits_for_the_next_attempt_and_restarts_in_place(tmp_path: Pa
 
 
 def test_peer_loss_gives_up_after_the_wait(tmp_path: Path) -> None:
-    sup = supervisor(tmp_path, {"0/0": "exit:76", "0/1": "exit:76"}, peer_wait=0.5)
+    sup = supervisor(tmp_path, {"0/0": "exit:76", "0/1": "exit:76"}, peer_wait=0.5, settle=LIVENESS)
     assert sup.run() == EXIT_PEER_LOST
 
 
@@ -282,8 +290,9 @@ def test_an_own_crash_with_warm_spares_is_reported_and_the_spares_take_the_next_
     write_control(tmp_path, 1, resume="10")
     thread.join(LIVENESS)
     assert result == [0]
-    second = starts(tmp_path)[2:]
-    assert [r["attempt"] for r in second] == [1, 1] and all(r["warm"] for r in second)
+    # by attempt: the sleeping rank of attempt 0 may have been stopped before it logged its start
+    second = [r for r in starts(tmp_path) if r["attempt"] == 1]
+    assert len(second) == 2 and all(r["warm"] for r in second)
 
 
 def test_an_own_crash_fails_the_pod_when_it_cannot_be_reported(tmp_path: Path) -> None:
@@ -311,12 +320,13 @@ def test_a_bad_configuration_is_never_reported(tmp_path: Path) -> None:
 def test_a_peer_loss_before_the_spares_were_due_starts_them_for_the_next_attempt(tmp_path: Path) -> None:
     write_control(tmp_path, 0)
     plan = {"0/0": "exit:76", "0/1": "exit:76", "1/0": "exit:0", "1/1": "exit:0"}
-    sup = supervisor(tmp_path, plan, warm_spares=True, spare_delay=60.0)
+    sup = supervisor(tmp_path, plan, warm_spares=True, spare_delay=60.0, settle=LIVENESS)
     thread, result = run_in_thread(sup)
     wait_for(lambda: len(sup.spares) == 2)
     write_control(tmp_path, 1)
     thread.join(LIVENESS)
-    assert result == [0] and all(r["warm"] for r in starts(tmp_path)[2:])
+    second = [r for r in starts(tmp_path) if r["attempt"] == 1]
+    assert result == [0] and len(second) == 2 and all(r["warm"] for r in second)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="/proc/self/comm")
