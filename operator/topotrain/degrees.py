@@ -41,7 +41,7 @@ DEFAULT_SCHEDULE = "1f1b"
 SCHEDULE_NEEDS_PIPELINE_MICROBATCHES = "1f1b"
 MAX_DATA = 65536  # spec.parallelism.data's upper bound
 REASON = "DataDegreeNotAllowed"  # condition reason when a spec's degree can never run
-# The bundled trainer's models (spec.training.model; topotrain_trainer.model.MODEL_CONFIGS has
+# The bundled trainer's models (spec.training.model; topotrain_trainer.shapes.MODEL_CONFIGS has
 # exactly these): the CRD refuses any other name at apply time.
 BUNDLED_MODELS = ("tiny", "small", "1B", "3B", "8B", "70B", "7B", "13B")
 

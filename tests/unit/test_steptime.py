@@ -155,7 +155,7 @@ def test_where_the_cost_objective_and_the_step_time_disagree() -> None:
 
 def test_the_model_table_matches_the_trainers() -> None:
     """The operator may not import the trainer: read its MODEL_CONFIGS from the source."""
-    tree = ast.parse((REPO / "trainer_image/topotrain_trainer/model.py").read_text())
+    tree = ast.parse((REPO / "trainer_image/topotrain_trainer/shapes.py").read_text())
     table = next(n.value for n in ast.walk(tree) if isinstance(n, ast.AnnAssign)
                  and isinstance(n.target, ast.Name) and n.target.id == "MODEL_CONFIGS")
     assert isinstance(table, ast.Dict)

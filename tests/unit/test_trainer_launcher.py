@@ -54,6 +54,38 @@ def test_help_prints_usage_and_trains_nothing() -> None:
     assert wrong.returncode == 78 and "unknown arguments" in wrong.stderr
 
 
+SUPERVISOR_IMPORTS = textwrap.dedent("""
+    import json, sys
+    from topotrain_trainer.__main__ import load
+    from topotrain_trainer.supervisor import Supervisor  # noqa: F401
+    env, config = load()  # what the pod's first process checks before it starts any rank
+    print(json.dumps({"model": config.model, "torch": "torch" in sys.modules}))
+""")
+
+
+def test_the_pods_supervisor_validates_the_job_without_loading_torch(tmp_path: Path) -> None:
+    """The pod's first process checks the configuration and supervises; only its ranks train.
+    It imported torch (through the model table and the data module): about 4 CPU-seconds and
+    a few hundred MB of memory in every pod, for nothing."""
+    from topotrain.contract import CONTROL_DIR_ENV, TRAINING_CONFIG, TrainerEnv
+
+    contract = TrainerEnv(master_addr="127.0.0.1", master_port=29500, nnodes=1, node_rank=0,
+                          nproc_per_node=2, tensor=1, pipeline=1, data=2, job_name="j", job_namespace="n",
+                          training_config='{"model": "small", "dataset": "synthetic"}')  # fmt: skip
+    env = {k: v for k, v in ENV.items() if k not in ("LOCAL_RANK", "RANK")}
+    env.update(contract.to_env())
+    env[CONTROL_DIR_ENV] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-c", SUPERVISOR_IMPORTS], env=env, capture_output=True,
+                          text=True, timeout=LIVENESS, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == '{"model": "small", "torch": false}'
+    # and a bad model name is still refused there, naming the field
+    env[TRAINING_CONFIG] = '{"model": "llama-70b"}'
+    bad = subprocess.run([sys.executable, "-m", "topotrain_trainer"], env=env, capture_output=True,
+                         text=True, timeout=LIVENESS, check=False)  # fmt: skip
+    assert bad.returncode == 78 and "training.model='llama-70b'" in bad.stdout
+
+
 def test_a_pipeline_stage_wrapping_the_transport_error_is_a_lost_peer() -> None:
     """torch's pipeline stage re-raises gloo's 'Connection reset by peer' as its own
     '[Stage 0] failed to run forward' (CI: the kept pod's rank exited 1, not 76, and an

@@ -20,8 +20,8 @@ from topotrain.degrees import DEFAULT_GLOBAL_BATCH, DEFAULT_MICRO_BATCH, DEFAULT
 # pod is healthy). Re-exported: the trainer imports them from here.
 from topotrain_sdk.contract import EXIT_BAD_CONFIG as EXIT_BAD_CONFIG
 from topotrain_sdk.contract import EXIT_PEER_LOST as EXIT_PEER_LOST
-from topotrain_trainer.model import MODEL_CONFIGS
 from topotrain_trainer.sampler import LengthStage, MixStage, parse_lengths, parse_mixture
+from topotrain_trainer.shapes import MODEL_CONFIGS
 
 SCHEDULES = ("1f1b", "gpipe")
 PRECISIONS = ("auto", "bf16", "fp32")

@@ -30,11 +30,10 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
 from topotrain_trainer.config import ConfigError
 from topotrain_trainer.sampler import LengthStage, MixStage, Mixture, length_at
@@ -47,6 +46,9 @@ from topotrain_trainer.shards import (
     missing,
     open_store,
 )
+
+if TYPE_CHECKING:  # imported where batches are made: the pod's supervisor (check_vocab) never loads torch
+    import torch
 
 INDEX = "index.json"
 FORMAT = 2
@@ -279,6 +281,8 @@ class BatchLoader:
     def batch_at(self, consumed: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets) of shape (local_batch, seq_len) for the step starting at `consumed`;
         (local_batch * seq_len / length, length) in a stage of training.seqLenSchedule."""
+        import torch
+
         if not self.reads:
             return torch.empty((0, 0), dtype=torch.int64), torch.empty((0, 0), dtype=torch.int64)
         tokens = torch.from_numpy(self.rows(consumed + self.dp_rank * self.local_batch))
@@ -300,6 +304,8 @@ class BatchLoader:
                             break
                     counter += self.global_batch
             except BaseException as err:  # handed to the training loop, which raises it
+                import torch
+
                 self._error = err
                 self._queue.put(Batch(-1, torch.empty(0), torch.empty(0)))
 

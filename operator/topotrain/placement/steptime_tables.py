@@ -3,7 +3,7 @@
 One table each, with the sources stated beside it (docs/placement.md, "Step-time model"):
 
 - `MODELS`: the bundled trainer's models (`spec.training.model`, `degrees.BUNDLED_MODELS`):
-  the shapes of `topotrain_trainer.model.MODEL_CONFIGS`, restated here because the operator
+  the shapes of `topotrain_trainer.shapes.MODEL_CONFIGS`, restated here because the operator
   may not import the trainer (`tests/unit/test_steptime.py` checks that they agree);
 - `PEAK_TFLOPS`: published peak dense BF16 TFLOPS per GPU, keyed by the
   `nvidia.com/gpu.product` values the fleet files use, with family fallbacks for other
