@@ -115,7 +115,7 @@ def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
             pytest.fail(f"no default ServiceAccount in {name}: is kube-controller-manager running?")
         time.sleep(0.2)
     yield name
-    kube.core.delete_namespace(name)
+    kube.delete_namespace(name)
 
 
 @pytest.fixture(scope="session")

@@ -36,7 +36,7 @@ def cluster(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cl
         yield shared
     finally:
         next(stack, None)  # the operator stopped, the nodes deleted
-        kube.core.delete_namespace(name)
+        kube.delete_namespace(name)
 
 
 def job(cluster: Cluster, name: str, **spec: Any) -> dict[str, Any]:

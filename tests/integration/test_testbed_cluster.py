@@ -315,3 +315,26 @@ def test_the_operators_resync_lists_metadata_only_page_by_page_and_finds_a_misse
     eventually(lambda: pods[0].metadata.uid not in ops.pod_uids((namespace,), cached=False), "p0 gone")
     found = Ghosts().resync(index, lambda cached: ops.pod_uids((namespace,), cached=cached), second_look=1)
     assert [g["metadata"]["name"] for g in found] == ["p0"]
+
+
+def test_a_tests_namespace_goes_though_its_job_keeps_the_operators_finalizer(kube: Kube) -> None:
+    """A test stops its operator before its namespace is deleted, leaving the job's finalizer;
+    `Kube.delete_namespace` takes it off, so the namespace goes instead of staying Terminating
+    for the rest of the session (swept by kube-controller-manager several times a second)."""
+    from kubernetes import client
+    from topotrain import GROUP, PLURAL, VERSION
+
+    from tests.integration.operator_support import install_crd
+
+    install_crd(kube)
+    name = f"t-finalized-{int(time.time() * 1000) % 10**8}"
+    kube.core.create_namespace({"metadata": {"name": name, "labels": {"topotrain.io/test": "1"}}})
+    custom = client.CustomObjectsApi(kube.api)
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingJob",
+            "metadata": {"name": "left", "finalizers": ["topotrain.io/finalizer"]},
+            "spec": {"image": "topotrain/trainer:test", "parallelism": {"tensor": 1, "pipeline": 1, "data": 1},
+                     "worker": {"gpusPerPod": 1}}}  # fmt: skip
+    custom.create_namespaced_custom_object(GROUP, VERSION, name, PLURAL, body)
+    kube.delete_namespace(name)
+    eventually(lambda: not kube.core.list_namespace(field_selector=f"metadata.name={name}").items,
+               f"namespace {name} deleted")  # fmt: skip
