@@ -5,7 +5,9 @@ skip on other clusters (KUBECONFIG set); the rest run anywhere."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -338,3 +340,24 @@ def test_a_tests_namespace_goes_though_its_job_keeps_the_operators_finalizer(kub
     kube.delete_namespace(name)
     eventually(lambda: not kube.core.list_namespace(field_selector=f"metadata.name={name}").items,
                f"namespace {name} deleted")  # fmt: skip
+
+
+def _inotify_instances(pid: int) -> int:
+    fds = Path(f"/proc/{pid}/fd")
+    count = 0
+    for fd in fds.iterdir() if fds.exists() else ():
+        with contextlib.suppress(OSError):
+            count += os.readlink(fd) == "anon_inode:inotify"
+    return count
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="counts file descriptors in /proc")
+def test_a_testbed_takes_few_of_the_hosts_inotify_instances(kube: Kube) -> None:
+    """All of root's processes share 128 inotify instances (fs.inotify.max_user_instances): the
+    kind nodes take about 70, each testbed its API server's 6 certificate watchers and what the
+    controller manager watches. With the CSR signers' files that was 11 a testbed, and the Kueue
+    suite's four testbeds beside the kind stage ran out (CI: Kueue exited "too many open files")."""
+    bed = kube.require_testbed("counts the testbed's own processes")
+    per = {row.name: _inotify_instances(row.pid) for row in bed.status() if row.pid is not None}
+    assert per.get("kube-controller-manager", 0) <= 1, per
+    assert sum(per.values()) <= 8, per
