@@ -325,6 +325,7 @@ def test_a_tests_namespace_goes_though_its_job_keeps_the_operators_finalizer(kub
     for the rest of the session (swept by kube-controller-manager several times a second)."""
     from kubernetes import client
     from topotrain import GROUP, PLURAL, VERSION
+    from topotrain.controller.kopf_finalizer import FINALIZER
 
     from tests.integration.operator_support import install_crd
 
@@ -333,7 +334,7 @@ def test_a_tests_namespace_goes_though_its_job_keeps_the_operators_finalizer(kub
     kube.core.create_namespace({"metadata": {"name": name, "labels": {"topotrain.io/test": "1"}}})
     custom = client.CustomObjectsApi(kube.api)
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingJob",
-            "metadata": {"name": "left", "finalizers": ["topotrain.io/finalizer"]},
+            "metadata": {"name": "left", "finalizers": [FINALIZER]},
             "spec": {"image": "topotrain/trainer:test", "parallelism": {"tensor": 1, "pipeline": 1, "data": 1},
                      "worker": {"gpusPerPod": 1}}}  # fmt: skip
     custom.create_namespaced_custom_object(GROUP, VERSION, name, PLURAL, body)
