@@ -1,5 +1,6 @@
-"""An in-place restart with warm spares against one without: time from the operator's new
-attempt to the restarted ranks' first step, on one pod's supervisor with the real trainer.
+"""An in-place restart's ranks started three ways: new interpreters, warm spares, forked ranks.
+Time from the operator's new attempt to the restarted ranks' first step, on one pod's supervisor
+with the real trainer.
 
     python bench/warm_restart.py [--ranks 2] [--repeats 3]
 
@@ -8,9 +9,11 @@ pp=1, dp=ranks, the tiny model, gloo on CPU), checkpointing every 2 steps to the
 S3 server (versitygw on loopback). Once it has committed step 2 (and, with warm spares, its
 spares are up) the control file is rewritten as the kubelet does for the operator's next
 attempt (attempt 1, resume from step 2): the supervisor stops the ranks and starts the
-attempt again, in its spares (`training.warmSpares`) or in new interpreters. Measured from
-the control file's rewrite: `restored` (the checkpoint loaded) and `first step` (the new
-attempt's first step done), wall seconds, median over repeats run in alternating order.
+attempt again: in new interpreters (`TOPOTRAIN_FORK_RANKS=0`), in its spares
+(`training.warmSpares`, `TOPOTRAIN_FORK_RANKS=0`), or forked from the pod's forker (the default,
+`topotrain_sdk.forker`). Measured from the control file's rewrite: `restored` (the checkpoint
+loaded) and `first step` (the new attempt's first step done), wall seconds, median over
+repeats run in rotating order.
 
 This is the restart every kept pod of an in-place restart does (a hang, a peer lost, a new
 attempt for any other reason); a replaced pod starts cold either way.
@@ -37,15 +40,17 @@ from topotrain.contract import (  # noqa: E402
     RESUME_STEP_ANNOTATION,
     format_control,
 )
-from topotrain_trainer.supervisor import SPARE_DELAY_ENV  # noqa: E402
+from topotrain_trainer.supervisor import FORK_RANKS_ENV, SPARE_DELAY_ENV  # noqa: E402
 
 from testbed.s3 import S3Server  # noqa: E402
 from tests.trainer.harness import TrainerRun, trainer_env  # noqa: E402
 
 INTERVAL = 2
+MODES = ("new interpreters", "warm spares", "forked ranks")
 
 
-def one(s3: S3Server, ranks: int, warm: bool, workdir: Path) -> dict[str, float]:
+def one(s3: S3Server, ranks: int, mode: str, workdir: Path) -> dict[str, float]:
+    warm = mode == "warm spares"
     bucket = s3.create_bucket(f"warm-{uuid.uuid4().hex[:8]}")
     control = workdir / f"control-{uuid.uuid4().hex[:6]}"
     control.mkdir()
@@ -57,6 +62,7 @@ def one(s3: S3Server, ranks: int, warm: bool, workdir: Path) -> dict[str, float]
                       checkpoint_uri=f"s3://{bucket}/warm", interval=INTERVAL, keep=100_000)  # fmt: skip
     env[CONTROL_DIR_ENV] = str(control)
     env[SPARE_DELAY_ENV] = "0"
+    env[FORK_RANKS_ENV] = "1" if mode == "forked ranks" else "0"
     run = TrainerRun(env)
     try:
         run.wait_for("checkpoint_committed", step=INTERVAL)
@@ -70,8 +76,9 @@ def one(s3: S3Server, ranks: int, warm: bool, workdir: Path) -> dict[str, float]
         bumped = time.time()
         staged.replace(control / "annotations")
         begun = run.wait_for("workers_started")
-        if int(begun.get("warm", 0)) != (ranks if warm else 0):
-            raise AssertionError(f"attempt 1 started {begun.get('warm')} ranks warm: {begun}")
+        want = {"warm": ranks if warm else 0, "forked": ranks if mode == "forked ranks" else 0}
+        if {k: int(begun.get(k, 0)) for k in want} != want:
+            raise AssertionError(f"attempt 1 ({mode}) started {begun}")
         restored = run.wait_for("restored")
         first = run.wait_for("step", step=INTERVAL + 1)
         return {"restored": float(restored["time"]) - bumped, "first step": float(first["time"]) - bumped}
@@ -87,26 +94,27 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="warm-restart-") as tmp:
         workdir = Path(tmp)
         s3 = S3Server(workdir / "s3").start()
-        samples: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+        samples: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
         try:
             for repeat in range(args.repeats):
-                for warm in ((True, False) if repeat % 2 == 0 else (False, True)):
-                    sample = one(s3, args.ranks, warm, workdir)
-                    samples[warm].append(sample)
-                    print(json.dumps({"repeat": repeat, "warm": warm, **{k: round(v, 2) for k, v in sample.items()}}),
+                for mode in MODES[repeat % 3 :] + MODES[: repeat % 3]:
+                    sample = one(s3, args.ranks, mode, workdir)
+                    samples[mode].append(sample)
+                    print(json.dumps({"repeat": repeat, "mode": mode, **{k: round(v, 2) for k, v in sample.items()}}),
                           flush=True)  # fmt: skip
         finally:
             s3.stop()
     print(f"\nin-place restart of one pod's {args.ranks} ranks, median of {args.repeats} "
           "(seconds from the new attempt)")  # fmt: skip
     print("| ranks started in | restored | first step |\n|---|---:|---:|")
-    medians = {w: {k: statistics.median(s[k] for s in samples[w]) for k in ("restored", "first step")}
-               for w in (False, True)}  # fmt: skip
-    for warm, label in ((False, "new interpreters"), (True, "warm spares")):
-        print(f"| {label} | {medians[warm]['restored']:.2f} | {medians[warm]['first step']:.2f} |")
-    ratio = medians[False]["first step"] / medians[True]["first step"]
-    print(f"\nfirst step: new / warm = {ratio:.2f}x")
-    return 0 if ratio > 1.0 else 1
+    medians = {m: {k: statistics.median(s[k] for s in samples[m]) for k in ("restored", "first step")}
+               for m in MODES}  # fmt: skip
+    for mode in MODES:
+        print(f"| {mode} | {medians[mode]['restored']:.2f} | {medians[mode]['first step']:.2f} |")
+    cold = medians["new interpreters"]["first step"]
+    for mode in MODES[1:]:
+        print(f"first step: new interpreters / {mode} = {cold / medians[mode]['first step']:.2f}x")
+    return 0 if all(cold > medians[m]["first step"] for m in MODES[1:]) else 1
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from kubernetes import client
 from topotrain_trainer._procname import SPARE_COMM
 
 from testbed.client import api_client, core_v1
+from topotrain_sdk.forker import FORKER_COMM
 
 POD_FAILED_STAGE = "pod-container-running-failed.stage.kwok.x-k8s.io"
 NODE_NOT_READY_STAGE = "node-not-ready.stage.kwok.x-k8s.io"
@@ -170,8 +171,16 @@ def trainer_processes(pod_pid: int) -> list[int]:
         if len(below) != 1:
             return []
         supervisor = below[0]
-    # a supervisor's warm spares (training.warmSpares) are not ranks until they take an attempt
-    return [pid for pid in _children(supervisor) if _comm(pid) != SPARE_COMM]
+    # a supervisor's warm spares (training.warmSpares) are not ranks until they take an attempt;
+    # forked ranks (topotrain_sdk.forker) are the children of the pod's forker, which is no rank
+    ranks = []
+    for pid in _children(supervisor):
+        comm = _comm(pid)
+        if comm == FORKER_COMM:
+            ranks.extend(_children(pid))
+        elif comm != SPARE_COMM:
+            ranks.append(pid)
+    return ranks
 
 
 def _comm(pid: int) -> str:

@@ -39,6 +39,10 @@ is replaced by a fresh process. Spares cost host memory (one more interpreter
 with torch per local rank), nothing else; the supervisor lets them go (EOF on
 stdin, then SIGKILL) whenever it exits.
 
+Forked ranks (`fork_ranks`, the bundled trainer's default; `forker.py`): the ranks are forked
+from one interpreter per pod that imported the trainer once, instead of each starting a fresh
+interpreter; where the forker refuses or is gone, a rank starts as a fresh interpreter as above.
+
 The workers stay in the supervisor's process group, so whoever signals the pod's
 group reaches them too, and each asks the kernel to kill it if the supervisor
 dies (`die_with_parent`).
@@ -58,7 +62,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import IO
+from typing import IO, Protocol
 
 from topotrain_sdk.contract import (
     EXIT_BAD_CONFIG,
@@ -68,6 +72,7 @@ from topotrain_sdk.contract import (
     read_control,
     with_control,
 )
+from topotrain_sdk.forker import Forker
 
 SPARE_ENV = "TOPOTRAIN_WARM_SPARE"  # "1": the process is a warm spare (await_activation)
 POLL_SECONDS = 0.5
@@ -117,12 +122,23 @@ def exit_status(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
+class Process(Protocol):
+    """A worker: a `subprocess.Popen` or a forked rank (`forker.ForkedRank`)."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+    def kill(self) -> None: ...
+
+
 @dataclass
 class WorkerGroup:
     """The pod's local ranks of one attempt."""
 
     attempt: int
-    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    processes: list[Process] = field(default_factory=list)
     failed_at: float | None = None  # monotonic time of the first failure seen
 
     def codes(self) -> list[int | None]:
@@ -163,6 +179,7 @@ class Supervisor:
         emit: Callable[[dict[str, object]], None] | None = None,
         report: Callable[[int, int], None] | None = None,
         keep_pod_on_failure: bool = False,
+        fork_ranks: bool = False,
     ) -> None:
         self.env, self.control = env, control
         self.worker_argv = list(worker_argv)
@@ -179,6 +196,8 @@ class Supervisor:
         self.group: WorkerGroup | None = None
         self.spares: list[subprocess.Popen[bytes]] = []
         self.spares_due: float | None = None  # monotonic time to start the next spares
+        self.fork_ranks = fork_ranks  # worker_argv serves forks (forker.serve) when FORK_ENV is set
+        self.forker: Forker | None = None
 
     def desired(self) -> TrainerEnv:
         """The attempt the control file asks for; the pod's environment where it says nothing."""
@@ -190,23 +209,38 @@ class Supervisor:
 
     def start(self, env: TrainerEnv) -> WorkerGroup:
         group = WorkerGroup(env.attempt)
-        warm = 0
+        warm = forked = 0
         for local_rank in range(env.nproc_per_node):
             rank_env = worker_env(self.base_env, env, local_rank)
-            process = self._activate_spare(rank_env)
-            if process is None:
-                process = subprocess.Popen(self.worker_argv, env=rank_env)
-            else:
+            process: Process | None = self._activate_spare(rank_env)
+            if process is not None:
                 warm += 1
+            elif (process := self._fork(rank_env)) is not None:
+                forked += 1
+            else:
+                process = subprocess.Popen(self.worker_argv, env=rank_env)
             group.processes.append(process)
         self.release_spares()  # none should be left; a smaller group never reuses stale ones
         if self.warm_spares:
             self.spares_due = time.monotonic() + self.spare_delay
         self.emit({"event": "workers_started", "attempt": env.attempt, "workers": env.nproc_per_node,
                    "master": f"{env.master_addr}:{env.master_port}",
-                   "resume_step": env.resume_step, "warm": warm})  # fmt: skip
+                   "resume_step": env.resume_step, "warm": warm, "forked": forked})  # fmt: skip
         self.group = group
         return group
+
+    def _fork(self, rank_env: Mapping[str, str]) -> Process | None:
+        """A rank forked from the pod's forker (started at the first); None when forking is off
+        or failed (then off for good: the ranks start as fresh interpreters)."""
+        if not self.fork_ranks:
+            return None
+        if self.forker is None:
+            self.forker = Forker(self.worker_argv, thread_env(self.base_env, self.env.nproc_per_node))
+        rank = self.forker.spawn(rank_env)
+        if rank is None:
+            self.fork_ranks = False
+            self.emit({"event": "fork_failed", "forker_alive": self.forker.alive()})
+        return rank
 
     def _activate_spare(self, rank_env: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
         """A live spare, told `rank_env`; None when there is none (or none took it)."""
@@ -286,6 +320,8 @@ class Supervisor:
             self.release_spares()
             if self.group is not None:
                 self.group.stop(self.grace)
+            if self.forker is not None:
+                self.forker.close()
 
     def _judge(self, group: WorkerGroup) -> int | None:
         """None while the group trains; else the supervisor's exit (EXIT_PEER_LOST: wait)."""
@@ -333,7 +369,7 @@ class Supervisor:
         return next((c for c in codes if c != 0), 0)
 
 
-def _kill(process: subprocess.Popen[bytes]) -> None:
+def _kill(process: Process) -> None:
     if process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             process.kill()
@@ -375,10 +411,11 @@ def store_reporter(env: TrainerEnv, pod: str) -> Callable[[int, int], None] | No
 
 def supervise(
     env: TrainerEnv, control: Path, worker_argv: Sequence[str], *, warm_spares: bool = False,
-    keep_pod_on_failure: bool = False,
+    keep_pod_on_failure: bool = False, fork_ranks: bool = False,
 ) -> int:
     """Run `worker_argv` as the pod's local ranks until done (the pod's exit status)."""
     return Supervisor(env, control, worker_argv=worker_argv, peer_wait=peer_wait_seconds(os.environ),
                       warm_spares=warm_spares, keep_pod_on_failure=keep_pod_on_failure,
+                      fork_ranks=fork_ranks,
                       spare_delay=_seconds(os.environ, SPARE_DELAY_ENV, SPARE_DELAY_SECONDS),
                       report=store_reporter(env, os.environ.get("HOSTNAME", ""))).run()  # fmt: skip

@@ -274,6 +274,9 @@ def test_3d_parallel_matches_single_process_reference(tmp_path: Path) -> None:
     config = training(tmp_path, steps=3, schedule="1f1b", seq_len_schedule="0:16;2:32")
     run = TrainerRun(trainer_env(tensor=2, pipeline=2, data=2, training=config))
     assert run.finish() == 0, run.tail()
+    # the eight ranks were forked from the pod's one forker (topotrain_sdk.forker): importing the
+    # trainer leaves it single-threaded, so forking is safe and none started a fresh interpreter
+    assert [e["forked"] for e in _of(run, "workers_started")] == [8], run.tail()
     ref_losses, ref_norms = reference_run(TrainingConfig.from_mapping(config))
     assert list(run.losses()) == [1, 2, 3]
     for step, loss in run.losses().items():
@@ -420,9 +423,10 @@ def test_warm_spares_run_the_next_attempt_in_place_from_its_checkpoint(
     env[SPARE_DELAY_ENV] = "0"
     run = TrainerRun(env)
     assert run.wait_for("spares_started")["spares"] == 2
-    # the spares name themselves, so a fault injector signalling "the ranks" leaves them be
-    wait_until(lambda: len(descendants(run.proc.pid)) == 4 and len(faults.trainer_processes(run.proc.pid)) == 2,
-               timeout=120, what="two ranks and two waiting spares")  # fmt: skip
+    # the spares name themselves, so a fault injector signalling "the ranks" leaves them be (and
+    # the pod's forker, the ranks' parent, too)
+    wait_until(lambda: len(descendants(run.proc.pid)) == 5 and len(faults.trainer_processes(run.proc.pid)) == 2,
+               timeout=120, what="the forker, two ranks and two waiting spares")  # fmt: skip
     run.wait_for("checkpoint_committed", step=INTERVAL)
     staged = control / ".annotations.new"
     staged.write_text(format_control({ATTEMPT_ANNOTATION: "1", RESUME_STEP_ANNOTATION: str(INTERVAL)}))

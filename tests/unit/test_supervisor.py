@@ -34,6 +34,13 @@ from topotrain_trainer.supervisor import EXIT_PEER_LOST, Supervisor, worker_env
 # FAKE_PLAN: {"<attempt>/<local rank>": "exit:N" | "sleep" | "sleep_then:N"}; each start is logged.
 FAKE_WORKER = textwrap.dedent("""
     import json, os, signal, sys, time
+    if os.environ.get("TOPOTRAIN_RANK_FORKER"):  # the pod's forker: fork each rank asked for
+        from topotrain_sdk.forker import serve
+        if os.environ.get("FAKE_FORKER_THREAD"):  # a forker that runs a thread may not fork
+            import threading
+            threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+        if serve() is None:
+            sys.exit(0)
     warm = os.environ.get("TOPOTRAIN_WARM_SPARE") == "1"
     if warm:  # a warm spare: wait to be told which rank to be, as the trainer's does
         from topotrain_trainer.supervisor import await_activation
@@ -46,6 +53,7 @@ FAKE_WORKER = textwrap.dedent("""
     with open(os.environ["FAKE_LOG"], "a") as log:
         log.write(json.dumps({"attempt": int(attempt), "rank": int(os.environ["RANK"]),
                               "master": os.environ["MASTER_ADDR"], "pid": os.getpid(), "warm": warm,
+                              "parent": os.getppid(),
                               "resume": os.environ["TOPOTRAIN_RESUME_STEP"]}) + "\\n")
     action = json.loads(os.environ["FAKE_PLAN"]).get(f"{attempt}/{local}", "exit:0")
     if action.startswith("exit:"):
@@ -64,6 +72,8 @@ ENV = TrainerEnv(master_addr="job-0-0.job.ns.svc", master_port=29500, nnodes=2, 
 
 def supervisor(tmp_path: Path, plan: dict[str, str], **kwargs: float | bool) -> Supervisor:
     base = {**os.environ, "FAKE_PLAN": json.dumps(plan), "FAKE_LOG": str(tmp_path / "starts")}
+    if kwargs.pop("forker_thread", False):
+        base["FAKE_FORKER_THREAD"] = "1"
     options = {"poll": 0.05, "grace": 1.0, "settle": 1.0, "peer_wait": 30.0, **kwargs}
     return Supervisor(ENV, tmp_path / "annotations", worker_argv=[sys.executable, "-c", FAKE_WORKER],
                       base_env=base, emit=lambda _: None, **options)  # fmt: skip
@@ -139,12 +149,14 @@ def test_worker_environment_is_the_rendezvous_torchrun_would_give() -> None:
         ({"0/0": "exit:1", "0/1": "sleep"}, 1, 1.0),  # a crashed rank next to a healthy one
     ],
 )
-def test_exit_codes(tmp_path: Path, plan: dict[str, str], code: int, settle: float) -> None:
-    assert supervisor(tmp_path, plan, settle=settle).run() == code
+@pytest.mark.parametrize("fork", [False, True], ids=["fresh", "forked"])
+def test_exit_codes(tmp_path: Path, plan: dict[str, str], code: int, settle: float, fork: bool) -> None:
+    assert supervisor(tmp_path, plan, settle=settle, fork_ranks=fork).run() == code
 
 
-def test_a_worker_killed_by_a_signal_fails_the_pod_with_128_plus_signal(tmp_path: Path) -> None:
-    sup = supervisor(tmp_path, {"0/0": "sleep", "0/1": "sleep"})
+@pytest.mark.parametrize("fork", [False, True], ids=["fresh", "forked"])
+def test_a_worker_killed_by_a_signal_fails_the_pod_with_128_plus_signal(tmp_path: Path, fork: bool) -> None:
+    sup = supervisor(tmp_path, {"0/0": "sleep", "0/1": "sleep"}, fork_ranks=fork)
     thread, result = run_in_thread(sup)
     wait_for(lambda: sup.group is not None and len(starts(tmp_path)) == 2)
     assert sup.group is not None
@@ -153,13 +165,14 @@ def test_a_worker_killed_by_a_signal_fails_the_pod_with_128_plus_signal(tmp_path
     assert result == [128 + signal.SIGKILL]
 
 
-def test_peer_loss_waits_for_the_next_attempt_and_restarts_in_place(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fork", [False, True], ids=["fresh", "forked"])
+def test_peer_loss_waits_for_the_next_attempt_and_restarts_in_place(tmp_path: Path, fork: bool) -> None:
     write_control(tmp_path, 0)
     plan = {"0/0": "exit:76", "0/1": "exit:76", "1/0": "sleep", "1/1": "sleep", "2/0": "exit:0",
             "2/1": "exit:0"}  # fmt: skip
     # Both ranks fail on their own; the settle ends as soon as both have exited (a short one
     # killed the slower interpreter before it ran on a loaded machine).
-    sup = supervisor(tmp_path, plan, settle=LIVENESS)
+    sup = supervisor(tmp_path, plan, settle=LIVENESS, fork_ranks=fork)
     events: list[dict[str, object]] = []
     sup.emit = events.append
     thread, result = run_in_thread(sup)
@@ -179,6 +192,10 @@ def test_peer_loss_waits_for_the_next_attempt_and_restarts_in_place(tmp_path: Pa
     assert [r["attempt"] for r in runs] == [0, 0, 1, 1, 2, 2]
     assert {(r["master"], r["resume"]) for r in runs[2:4]} == {("job-1-0.job.ns.svc", "8")}
     assert sorted(int(str(r["rank"])) for r in runs[4:]) == [2, 3]
+    started = [e for e in events if e["event"] == "workers_started"]
+    assert [e["forked"] for e in started] == [2 if fork else 0] * 3
+    # forked: every attempt's ranks are children of the one forker, not of the supervisor
+    assert len({r["parent"] for r in runs}) == 1 and (runs[0]["parent"] == os.getpid()) != fork
 
 
 def test_peer_loss_gives_up_after_the_wait(tmp_path: Path) -> None:
@@ -186,9 +203,11 @@ def test_peer_loss_gives_up_after_the_wait(tmp_path: Path) -> None:
     assert sup.run() == EXIT_PEER_LOST
 
 
-def test_a_worker_ignoring_sigterm_is_killed_on_a_new_attempt(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fork", [False, True], ids=["fresh", "forked"])
+def test_a_worker_ignoring_sigterm_is_killed_on_a_new_attempt(tmp_path: Path, fork: bool) -> None:
     write_control(tmp_path, 5)
-    sup = supervisor(tmp_path, {"5/0": "ignore_term", "5/1": "sleep", "6/0": "exit:0", "6/1": "exit:0"})
+    sup = supervisor(tmp_path, {"5/0": "ignore_term", "5/1": "sleep", "6/0": "exit:0", "6/1": "exit:0"},
+                     fork_ranks=fork)  # fmt: skip
     thread, result = run_in_thread(sup)
     wait_for(lambda: sup.group is not None and len(starts(tmp_path)) == 2)
     assert sup.group is not None
@@ -200,18 +219,33 @@ def test_a_worker_ignoring_sigterm_is_killed_on_a_new_attempt(tmp_path: Path) ->
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="process groups and signals as on Linux")
-def test_sigterm_is_forwarded_to_the_workers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fork", [False, True], ids=["fresh", "forked"])
+def test_sigterm_is_forwarded_to_the_workers(tmp_path: Path, fork: bool) -> None:
     script = textwrap.dedent(f"""
         import json, os, sys
         sys.path[:0] = {[str(p) for p in sys.path if p]!r}
         from tests.unit.test_supervisor import supervisor
         from pathlib import Path
-        sys.exit(supervisor(Path({str(tmp_path)!r}), {{"0/0": "sleep", "0/1": "sleep"}}).run())
+        sys.exit(supervisor(Path({str(tmp_path)!r}), {{"0/0": "sleep", "0/1": "sleep"}}, fork_ranks={fork}).run())
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parents[2])
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parents[2],
+                            start_new_session=True)  # fmt: skip
     wait_for(lambda: len(starts(tmp_path)) == 2)
-    proc.send_signal(signal.SIGTERM)
+    os.killpg(proc.pid, signal.SIGTERM)  # as a container stop signals the pod's process group
     assert proc.wait(LIVENESS) == 128 + signal.SIGTERM  # the workers died of the forwarded SIGTERM
+
+
+def test_forked_ranks_fall_back_to_fresh_interpreters_when_the_forker_runs_threads(tmp_path: Path) -> None:
+    """A fork copies only the calling thread: a forker running another thread refuses, and the
+    ranks start as fresh interpreters (the pod trains either way)."""
+    sup = supervisor(tmp_path, {}, fork_ranks=True, forker_thread=True)
+    events: list[dict[str, object]] = []
+    sup.emit = events.append
+    assert sup.run() == 0
+    assert [r["parent"] for r in starts(tmp_path)] == [os.getpid()] * 2
+    assert [e["forked"] for e in events if e["event"] == "workers_started"] == [0]
+    assert [e for e in events if e["event"] == "fork_failed"] == [{"event": "fork_failed", "forker_alive": True}]
+    assert sup.forker is not None and sup.forker.process.poll() == 0, "the forker is let go at the end"
 
 
 def test_warm_spares_take_the_next_attempt_in_place(tmp_path: Path) -> None:

@@ -24,6 +24,8 @@ from pathlib import Path
 
 from topotrain.contract import ContractError, TrainerEnv, control_path, read_control, with_control
 
+from topotrain_sdk.forker import FORK_ENV
+
 # first of the trainer's imports: a warm spare takes its process name before torch loads
 from topotrain_trainer._procname import SPARE_ENV, set_process_name
 from topotrain_trainer.config import EXIT_BAD_CONFIG, EXIT_PEER_LOST, ConfigError, TrainingConfig
@@ -62,6 +64,22 @@ def warm_spare() -> int:
     os.environ.clear()
     os.environ.update(env)
     os.environ.pop(SPARE_ENV, None)
+    return main([])
+
+
+def fork_ranks() -> int:
+    """The pod's forker (`topotrain_sdk.forker`): import what a rank imports once, then fork
+    each rank the supervisor asks for; each child goes on here as that rank."""
+    from topotrain_sdk.forker import FORKER_COMM, serve
+
+    die_with_parent()
+    set_process_name(FORKER_COMM)
+    import topotrain_trainer.train  # noqa: F401  torch, the model, the checkpointing: the slow part
+
+    if serve() is None:
+        return 0  # let go: the supervisor exits
+    die_with_parent()  # a fork clears it: the child dies with the forker
+    set_process_name("python")
     return main([])
 
 
@@ -227,6 +245,8 @@ def main(argv: list[str]) -> int:
         return EXIT_BAD_CONFIG
     if os.environ.get(SPARE_ENV) == "1":
         return warm_spare()
+    if os.environ.get(FORK_ENV):
+        return fork_ranks()
     try:
         env, config = load()
     except (ContractError, ConfigError) as err:

@@ -3,6 +3,7 @@ trainer, issue 33), running `python -m topotrain_trainer` as the pod's local ran
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,8 +23,13 @@ from topotrain_sdk.supervisor import store_reporter as store_reporter
 from topotrain_sdk.supervisor import worker_env as worker_env
 
 WORKER_ARGV = (sys.executable, "-m", "topotrain_trainer")
+# "0": every rank starts as a fresh interpreter instead of forked from the pod's forker
+FORK_RANKS_ENV = "TOPOTRAIN_FORK_RANKS"
 
 
 def supervise(env: TrainerEnv, control: Path, *, warm_spares: bool = False) -> int:
-    """The pod's supervisor over `python -m topotrain_trainer` ranks (its exit status)."""
-    return _sdk.supervise(env, control, WORKER_ARGV, warm_spares=warm_spares)
+    """The pod's supervisor over `python -m topotrain_trainer` ranks (its exit status): ranks forked
+    from one interpreter that imported the trainer (`topotrain_sdk.forker`) unless FORK_RANKS_ENV
+    is "0"."""
+    fork = os.environ.get(FORK_RANKS_ENV, "1") != "0"
+    return _sdk.supervise(env, control, WORKER_ARGV, warm_spares=warm_spares, fork_ranks=fork)

@@ -1,0 +1,214 @@
+"""Forked ranks: the pod's local ranks forked from one interpreter that has imported the trainer.
+
+A rank started as a fresh interpreter imports torch and the trainer first: several CPU-seconds
+and several hundred MB per rank (the bundled trainer: about 7 CPU-s and 0.8 GB), paid again by
+every rank of every in-place restart. With forked ranks the supervisor starts one *forker* per
+pod, which imports once and then forks a child per rank on request; the children share the
+imported pages copy-on-write, and a restart's ranks start in milliseconds.
+
+Both ends are here, stdlib only:
+
+- the worker program (a Python trainer) calls `serve()` when `FORK_ENV` is set in its
+  environment, after importing what its ranks need. `serve()` returns in each forked child with
+  that rank's environment (already in `os.environ`): the program goes on as the rank, and its
+  ordinary exit (atexit, non-daemon threads) is the rank's. In the forker it returns None when the
+  supervisor lets it go.
+- the supervisor (`Forker`) starts the forker as `worker_argv` with `FORK_ENV`, writes one JSON
+  line per rank (its environment) on the forker's stdin and reads the forker's replies (the
+  child's pid, later its exit status) from a pipe of their own; a `ForkedRank` stands for the
+  child as a `subprocess.Popen` would (poll, wait, send_signal, kill, pid).
+
+Forking is refused (and the supervisor starts that rank as a fresh interpreter) when the forker
+runs more than one thread: a fork copies only the calling thread, and a lock another thread held
+would stay held in the child. Importing torch starts no thread and initialises no CUDA device, so
+each child initialises its own device as a fresh process would. The forker ignores SIGTERM and
+SIGINT (a pod stop signals the whole process group: the ranks must get to checkpoint, and the
+forker's death would kill them, `die_with_parent`); each child gets the default handlers back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+
+FORK_ENV = "TOPOTRAIN_RANK_FORKER"  # "<fd>": this process is the pod's forker; its replies go to fd
+FORKER_COMM = "topotrain-fork"  # the forker's process name (/proc/PID/comm): not a rank
+START_SECONDS = 600.0  # the forker's imports, at most, before its first child (a busy node)
+
+
+def _threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+def serve(requests: int = 0) -> dict[str, str] | None:
+    """The forker's loop (see the module's docstring); `requests` is the fd of its stdin."""
+    reply_fd = int(os.environ.pop(FORK_ENV))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    children: set[int] = set()
+    pending = b""
+
+    def send(message: dict[str, object]) -> None:
+        os.write(reply_fd, json.dumps(message).encode() + b"\n")
+
+    while True:
+        while children:  # reap, and tell the supervisor
+            with contextlib.suppress(ChildProcessError):
+                pid, status = os.waitpid(-1, os.WNOHANG)
+                if pid == 0:
+                    break
+                children.discard(pid)
+                send({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+                continue
+            break
+        if b"\n" not in pending:
+            if not select.select([requests], [], [], 0.1)[0]:
+                continue
+            chunk = os.read(requests, 65536)
+            if not chunk:  # let go: the children die with this process (die_with_parent)
+                return None
+            pending += chunk
+            continue
+        line, pending = pending.split(b"\n", 1)
+        if _threads() > 1:
+            send({"refused": f"the forker runs {_threads()} threads; a fork copies only one"})
+            continue
+        env = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            os.close(reply_fd)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, requests)
+            os.close(devnull)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            os.environ.clear()
+            os.environ.update(env)
+            return dict(env)
+        children.add(pid)
+        send({"forked": pid})
+
+
+class ForkedRank:
+    """A forked child, as the supervisor sees it: the subset of `subprocess.Popen` it uses."""
+
+    stdin = None
+
+    def __init__(self, forker: Forker, pid: int) -> None:
+        self.forker, self.pid = forker, pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.forker.collect()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"forked rank {self.pid}", timeout or 0.0)
+            time.sleep(0.02)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Forker:
+    """The supervisor's end: one forker process per pod, started at the first `spawn`."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
+        read, write = os.pipe()
+        self.process = subprocess.Popen(list(argv), env={**env, FORK_ENV: str(write)},
+                                        stdin=subprocess.PIPE, pass_fds=(write,))  # fmt: skip
+        os.close(write)
+        os.set_blocking(read, False)
+        self.replies, self.pending = read, b""
+        self.ranks: dict[int, ForkedRank] = {}  # running, by pid
+        self.forked: list[ForkedRank] = []  # reported by the forker, not yet handed out
+        self.refused: str | None = None
+        self.closed = False
+
+    def alive(self) -> bool:
+        return not self.closed and self.process.poll() is None
+
+    def spawn(self, env: Mapping[str, str], timeout: float = START_SECONDS) -> ForkedRank | None:
+        """A child running as a rank with `env`; None when the forker refused or is gone."""
+        if not self.alive() or self.process.stdin is None:
+            return None
+        try:
+            self.process.stdin.write(json.dumps(dict(env)).encode() + b"\n")
+            self.process.stdin.flush()
+        except OSError:
+            self._gone()
+            return None
+        deadline = time.monotonic() + timeout
+        while not self.forked and self.refused is None and not self.closed and time.monotonic() < deadline:
+            select.select([self.replies], [], [], 0.5)
+            self.collect()
+        if self.refused is not None or not self.forked:
+            self.refused = None
+            return None
+        return self.forked.pop(0)
+
+    def collect(self) -> None:
+        """Read the forker's replies that have arrived (never blocks)."""
+        while not self.closed:
+            try:
+                chunk = os.read(self.replies, 65536)
+            except BlockingIOError:
+                break
+            if not chunk:
+                self._gone()
+                break
+            self.pending += chunk
+        while b"\n" in self.pending:
+            line, self.pending = self.pending.split(b"\n", 1)
+            reply = json.loads(line)
+            if "forked" in reply:  # (its exit may follow in the same read)
+                rank = ForkedRank(self, int(reply["forked"]))
+                self.ranks[rank.pid] = rank
+                self.forked.append(rank)
+            elif "exited" in reply and int(reply["exited"]) in self.ranks:
+                self.ranks.pop(int(reply["exited"])).returncode = int(reply["code"])
+            elif "refused" in reply:
+                self.refused = str(reply["refused"])
+
+    def _gone(self) -> None:
+        """The forker died: its children die with it (die_with_parent); make sure, and say so."""
+        self.closed = True
+        for rank in self.ranks.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rank.pid, signal.SIGKILL)
+            rank.returncode = -signal.SIGKILL
+        self.ranks.clear()
+
+    def close(self) -> None:
+        """Let the forker go (end of its input), then make sure it has."""
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.collect()
+        if not self.closed:
+            self._gone()
+        os.close(self.replies)
