@@ -13,6 +13,10 @@ Both ends are here, stdlib only:
   that rank's environment (already in `os.environ`): the program goes on as the rank, and its
   ordinary exit (atexit, non-daemon threads) is the rank's. In the forker it returns None when the
   supervisor lets it go.
+- any Python trainer gets it without a line of its own: `topotrain-launch --fork -- python
+  train.py ...` (or `-m module`) runs `python -m topotrain_sdk.forker [--preload torch] train.py
+  ...` as the forker, which imports the preload modules (torch by default), serves, and runs
+  the script (or module) as `__main__` in each child, as `python train.py ...` would.
 - the supervisor (`Forker`) starts the forker as `worker_argv` with `FORK_ENV`, writes one JSON
   line per rank (its environment) on the forker's stdin and reads the forker's replies (the
   child's pid, later its exit status) from a pipe of their own; a `ForkedRank` stands for the
@@ -29,11 +33,14 @@ forker's death would kill them, `die_with_parent`); each child gets the default 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
+import runpy
 import select
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -48,6 +55,19 @@ def _threads() -> int:
         return len(os.listdir("/proc/self/task"))
     except OSError:
         return threading.active_count()
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux; a fork clears it)."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    parent = os.getppid()  # may be PID 1: the launcher is the container's first process
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 def serve(requests: int = 0) -> dict[str, str] | None:
@@ -94,6 +114,7 @@ def serve(requests: int = 0) -> dict[str, str] | None:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             os.environ.clear()
             os.environ.update(env)
+            die_with_parent()  # the forker
             return dict(env)
         children.add(pid)
         send({"forked": pid})
@@ -212,3 +233,56 @@ class Forker:
         if not self.closed:
             self._gone()
         os.close(self.replies)
+
+
+def python_command(command: Sequence[str]) -> list[str] | None:
+    """`python script.py ...` or `python -m module ...` as the forker's arguments (`main`), or
+    None when `command` is not a Python interpreter running a script or module."""
+    if len(command) < 2 or not os.path.basename(command[0]).startswith("python"):
+        return None
+    if (command[1] == "-m" and len(command) > 2) or not command[1].startswith("-"):
+        return list(command[1:])
+    return None
+
+
+USAGE = "usage: python -m topotrain_sdk.forker [--preload mod,...] (script.py | -m module) [args ...]"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """A forker for any Python trainer (run by `topotrain-launch --fork`, see the docstring)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    preload = ["torch"]
+    if args[:1] == ["--preload"] and len(args) > 1:
+        preload, args = [m for m in args[1].split(",") if m], args[2:]
+    if not args or (args[0] == "-m" and len(args) < 2):
+        print(USAGE, file=sys.stderr)
+        return 2
+    if FORK_ENV in os.environ:  # else a rank started as a new interpreter (forking failed)
+        die_with_parent()
+        _set_name(FORKER_COMM)
+        for name in preload:
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
+        if serve() is None:
+            return 0
+        _set_name(os.path.basename(sys.executable))
+    if args[0] == "-m":
+        sys.argv = [args[1], *args[2:]]
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = args
+        sys.path[0] = os.path.dirname(os.path.abspath(args[0]))
+        runpy.run_path(args[0], run_name="__main__")
+    return 0
+
+
+def _set_name(name: str) -> None:
+    if sys.platform == "linux":
+        import ctypes
+
+        pr_set_name = 15
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_name, name.encode()[:15], 0, 0, 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -25,29 +25,44 @@ from topotrain_sdk.contract import (
     read_control,
     with_control,
 )
+from topotrain_sdk.forker import python_command
 from topotrain_sdk.supervisor import supervise
 
-USAGE = """usage: topotrain-launch [--no-keep-pod] -- <command> [args ...]
+USAGE = """usage: topotrain-launch [--no-keep-pod] [--fork[=mod,...]] -- <command> [args ...]
 
 Runs <command> as this pod's NPROC_PER_NODE workers with torchrun's environment and restarts
 them in place when the operator starts a new attempt. --no-keep-pod: a worker's own failure
-fails the pod instead of being reported for an in-place restart."""
+fails the pod instead of being reported for an in-place restart. --fork (for `python
+script.py ...` or `python -m module ...`): the workers are forked from one interpreter that has
+imported torch (or the modules named) once, instead of each starting a new interpreter."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    keep_pod = "--no-keep-pod" not in args[: args.index("--")] if "--" in args else True
+    options = args[: args.index("--")] if "--" in args else []
     command = args[args.index("--") + 1 :] if "--" in args else [a for a in args if a != "--no-keep-pod"]
     if not command or command[0] in ("-h", "--help"):
         print(USAGE, file=sys.stderr if not command else sys.stdout)
         return EXIT_BAD_CONFIG if not command else 0
+    keep_pod = "--no-keep-pod" not in options
+    fork = next((o for o in options if o == "--fork" or o.startswith("--fork=")), None)
+    worker_argv = command
+    if fork is not None:
+        script = python_command(command)
+        if script is None:
+            print(json.dumps({"event": "bad_config", "source": "launcher", "error": "--fork needs a "
+                              f"`python script.py ...` or `python -m module ...` command, not {command[:2]}"}),
+                  flush=True)  # fmt: skip
+            return EXIT_BAD_CONFIG
+        preload = ["--preload", fork.partition("=")[2]] if "=" in fork else []
+        worker_argv = [command[0], "-m", "topotrain_sdk.forker", *preload, *script]
     try:
         env = TrainerEnv.from_env()
         with_control(env, read_control(control_path()))  # a malformed attempt is not worth a start
     except ContractError as err:
         print(json.dumps({"event": "bad_config", "error": str(err), "source": "launcher"}), flush=True)
         return EXIT_BAD_CONFIG
-    return supervise(env, control_path(), command, keep_pod_on_failure=keep_pod)
+    return supervise(env, control_path(), worker_argv, keep_pod_on_failure=keep_pod, fork_ranks=fork is not None)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 Two recipes, each as its users write it: `recipes/ddp_train.py`, a plain torchrun DDP script
 (`Session.step_done`, DCP checkpoints), and `recipes/hf_trainer.py`, a Hugging Face `Trainer`
 with a `TrainerCallback` (the Trainer's own checkpoint folders through the SDK's folder
-adapter). The pods run them under `topotrain-launch` (here `python -m topotrain_sdk.launch`,
-the same entry point). The real operator, real S3 (versitygw) and real trainer processes
+adapter). The pods run them under `topotrain-launch --fork` (here `python -m topotrain_sdk.launch`,
+the same entry point; each attempt's workers forked from the pod's forker). The real operator, real S3 (versitygw) and real trainer processes
 (torch.distributed on gloo); KWOK nodes run no processes, so the pod process harness runs
 each pod's command locally (a stand-in for a kubelet's process execution, not a kubelet).
 
@@ -90,7 +90,10 @@ def spec(recipe: str) -> dict[str, Any]:
     """dp=2 on one-rank pods, elastic down to 1; attempts 0-3 hold at HOLD (a committed step
     behind it in attempt 0), each until the test's fault or resize."""
     return {
-        "command": ["python", "-m", "topotrain_sdk.launch", "--", "python", str(RECIPE[recipe])],
+        # --fork: each attempt's workers forked from the pod's forker (torch imported once); the
+        # uninterrupted reference above starts them as new interpreters, so the losses compared
+        # below show forked workers train the same
+        "command": ["python", "-m", "topotrain_sdk.launch", "--fork", "--", "python", str(RECIPE[recipe])],
         "parallelism": {"tensor": 1, "pipeline": 1, "data": 2, "minData": 1},
         "worker": {"gpusPerPod": 1, "gpuTypes": ["H100-80GB"]},
         "checkpoint": {"intervalSteps": INTERVAL, "keep": 3},
@@ -200,6 +203,8 @@ def test_both_recipes_recover_from_a_kill_a_resize_and_a_hang_with_uninterrupted
         assert sorted(step_losses(events)) == list(range(1, STEPS + 1)), recipe
         for e in of_kind(events, "step"):  # every step trained, in every attempt, at either degree
             assert math.isclose(float(e["loss"]), reference[recipe][int(e["step"])], abs_tol=LOSS_ATOL), (recipe, e)
+        started = of_kind(events, "workers_started")  # each pod's launcher, each attempt: forked (--fork)
+        assert started and all(e["forked"] == e["workers"] for e in started), (recipe, started)
         # What the operator shows of the trainer's cooperation, and the contract version it reported.
         assert done["status"]["trainer"] == {"heartbeat": True, "commits": True, "checkpointRequests": "Honoured",
                                              "contractVersion": CONTRACT_VERSION}, recipe  # fmt: skip

@@ -25,7 +25,7 @@ keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "M
         "MASTER_PORT", "TOPOTRAIN_ATTEMPT", "TOPOTRAIN_RESUME_STEP")
 out = os.path.join(os.environ["OUT"], f"a{os.environ['TOPOTRAIN_ATTEMPT']}-r{os.environ['RANK']}")
 with open(out + ".tmp", "w") as f:
-    json.dump({k: os.environ.get(k) for k in keys}, f)
+    json.dump({**{k: os.environ.get(k) for k in keys}, "parent": os.getppid()}, f)
 os.replace(out + ".tmp", out)  # whole, or not there yet
 code = json.loads(os.environ["TOPOTRAIN_TEST_EXIT"]).get(os.environ["TOPOTRAIN_ATTEMPT"])
 if code is not None:
@@ -36,14 +36,18 @@ while True:
 """
 
 
-def launch(tmp_path: Path, exits: dict[str, int], **env: str) -> subprocess.Popen[str]:
+def launch(tmp_path: Path, exits: dict[str, int], *options: str, **env: str) -> subprocess.Popen[str]:
     (tmp_path / "out").mkdir(exist_ok=True)
     full = {**os.environ, "TOPOTRAIN_CONTROL_DIR": str(tmp_path), "OUT": str(tmp_path / "out"),
             "TOPOTRAIN_TEST_EXIT": json.dumps(exits), "NNODES": "2", "NODE_RANK": "1",
             "NPROC_PER_NODE": "2", "MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "29600",
             "TOPOTRAIN_JOB_NAME": "j", **env}  # fmt: skip
-    return subprocess.Popen([sys.executable, "-m", "topotrain_sdk.launch", "--", sys.executable,
-                             "-c", WORKER], env=full, text=True, stdout=subprocess.PIPE)  # fmt: skip
+    command = [sys.executable, "-c", WORKER]
+    if options:  # --fork: a script, as `python train.py` (the forker runs scripts and modules)
+        (tmp_path / "worker.py").write_text(WORKER)
+        command = [sys.executable, str(tmp_path / "worker.py")]
+    return subprocess.Popen([sys.executable, "-m", "topotrain_sdk.launch", *options, "--", *command],
+                            env=full, text=True, stdout=subprocess.PIPE)  # fmt: skip
 
 
 def seen(tmp_path: Path, attempt: int) -> dict[int, dict[str, str]]:
@@ -52,10 +56,12 @@ def seen(tmp_path: Path, attempt: int) -> dict[int, dict[str, str]]:
 
 
 def test_each_worker_gets_torchruns_environment(tmp_path: Path) -> None:
-    assert launch(tmp_path, {"0": 0}).wait(timeout=120) == 0
+    launcher = launch(tmp_path, {"0": 0})
+    assert launcher.wait(timeout=120) == 0
     workers = seen(tmp_path, 0)
     assert sorted(workers) == [2, 3], "pod 1 of 2, two local ranks: global ranks 2 and 3"
     for rank, env in workers.items():
+        assert env.pop("parent") == launcher.pid
         assert env == {"RANK": str(rank), "LOCAL_RANK": str(rank - 2), "WORLD_SIZE": "4",
                        "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1", "MASTER_ADDR": "10.0.0.7",
                        "MASTER_PORT": "29600", "TOPOTRAIN_ATTEMPT": "0", "TOPOTRAIN_RESUME_STEP": ""}
@@ -74,6 +80,29 @@ def test_a_new_attempt_restarts_the_workers_in_place_and_sigterm_reaches_them(tm
     time.sleep(0.5)
     launcher.send_signal(signal.SIGTERM)
     assert launcher.wait(timeout=60) == EXIT_STOPPED, "the workers' own exit code after SIGTERM"
+
+
+def test_fork_forks_every_attempts_workers_from_one_preloaded_interpreter(tmp_path: Path) -> None:
+    """`--fork`: the workers of both attempts are children of one forker (process name
+    topotrain-fork) that imported the preload modules once, with torchrun's environment as
+    before; SIGTERM reaches them; a command the forker cannot run is a configuration error."""
+    launcher = launch(tmp_path, {}, "--fork=json,email")
+    wait_until(lambda: len(seen(tmp_path, 0)) == 2, timeout=60, what="attempt 0's workers")
+    forker = {w.pop("parent") for w in seen(tmp_path, 0).values()}
+    assert len(forker) == 1 and forker != {launcher.pid}
+    assert Path(f"/proc/{min(forker)}/comm").read_text().strip() == "topotrain-fork"
+    (tmp_path / "annotations").write_text(format_control({"topotrain.io/attempt": "1"}))
+    wait_until(lambda: len(seen(tmp_path, 1)) == 2, timeout=60, what="attempt 1's workers")
+    workers = seen(tmp_path, 1)
+    assert {w.pop("parent") for w in workers.values()} == forker
+    assert {r: (w["RANK"], w["LOCAL_RANK"], w["TOPOTRAIN_ATTEMPT"]) for r, w in workers.items()} == {
+        2: ("2", "0", "1"), 3: ("3", "1", "1")}
+    launcher.send_signal(signal.SIGTERM)
+    assert launcher.wait(timeout=60) == EXIT_STOPPED, "the workers' own exit code after SIGTERM"
+    refused = subprocess.run([sys.executable, "-m", "topotrain_sdk.launch", "--fork", "--", "/bin/true"],
+                             env={**os.environ, "TOPOTRAIN_CONTROL_DIR": str(tmp_path), "NPROC_PER_NODE": "1"},
+                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert refused.returncode == EXIT_BAD_CONFIG and "--fork needs" in refused.stdout
 
 
 def test_a_workers_failure_fails_the_pod_without_a_store_to_report_to(tmp_path: Path) -> None:

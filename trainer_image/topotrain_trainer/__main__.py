@@ -78,8 +78,7 @@ def fork_ranks() -> int:
 
     if serve() is None:
         return 0  # let go: the supervisor exits
-    die_with_parent()  # a fork clears it: the child dies with the forker
-    set_process_name("python")
+    set_process_name("python")  # a rank now (serve() made it die with the forker)
     return main([])
 
 
@@ -97,17 +96,9 @@ def torchrun_argv(env: TrainerEnv) -> list[str]:
 def die_with_parent() -> None:
     """torchrun starts each rank in its own session; should the launcher be killed
     outright (SIGKILL), its ranks must not linger holding ports and CPUs."""
-    if sys.platform != "linux":
-        return
-    import ctypes
-    import signal
+    from topotrain_sdk.forker import die_with_parent as sdk_die_with_parent
 
-    pr_set_pdeathsig = 1
-    parent = os.getppid()  # may be PID 1: the launcher is the container's first process
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the launcher died before prctl took effect
-        os._exit(1)
+    sdk_die_with_parent()
 
 
 # gloo's messages when the other end of a connection went away (its process died or hung), and
