@@ -29,6 +29,7 @@ from topotrain.controller.indexes import (
     slim_node,
     slim_pod,
 )
+from topotrain.controller.kopf_diffbase import EmptyDiffBase, change_handlers
 from topotrain.controller.kopf_finalizer import FINALIZER
 from topotrain.controller.kube import Kube, load_config
 from topotrain.controller.leader import Elector, KubeLeases, Leadership, LeaderTiming
@@ -57,7 +58,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     load_config()
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    if change_handlers():  # they would read EmptyDiffBase's empty diffs
+        raise RuntimeError(f"change handlers {change_handlers()} need a diff base: see kopf_diffbase.py")
+    settings.persistence.diffbase_storage = EmptyDiffBase()
     settings.posting.level = logging.INFO
     settings.posting.enabled = True
     settings.watching.server_timeout = 300
