@@ -24,8 +24,10 @@ Both ends are here, stdlib only:
 
 Forking is refused (and the supervisor starts that rank as a fresh interpreter) when the forker
 runs more than one thread: a fork copies only the calling thread, and a lock another thread held
-would stay held in the child. Importing torch starts no thread and initialises no CUDA device, so
-each child initialises its own device as a fresh process would. The forker ignores SIGTERM and
+would stay held in the child. Importing torch with one OpenMP thread (the forker's environment)
+starts no thread and initialises no CUDA device, so each child initialises its own device as a
+fresh process would, and sets the intra-op threads its own OMP_NUM_THREADS (or torch's default)
+asks for. The forker ignores SIGTERM and
 SIGINT (a pod stop signals the whole process group: the ranks must get to checkpoint, and the
 forker's death would kill them, `die_with_parent`); each child gets the default handlers back.
 """
@@ -115,9 +117,23 @@ def serve(requests: int = 0) -> dict[str, str] | None:
             os.environ.clear()
             os.environ.update(env)
             die_with_parent()  # the forker
+            _intra_op_threads(env)
             return dict(env)
         children.add(pid)
         send({"forked": pid})
+
+
+def _intra_op_threads(env: Mapping[str, str]) -> None:
+    """Give a forked rank the intra-op threads a new interpreter with `env` would have: the forker
+    imported torch with one (`Forker`), and torch reads OMP_NUM_THREADS only when it is imported;
+    without one, torch's default is a thread per CPU this process may run on."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    raw = env.get("OMP_NUM_THREADS", "")
+    want = int(raw) if raw.isdigit() and int(raw) > 0 else len(os.sched_getaffinity(0))
+    if torch.get_num_threads() != want:
+        torch.set_num_threads(want)
 
 
 class ForkedRank:
@@ -155,7 +171,10 @@ class Forker:
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
         read, write = os.pipe()
-        self.process = subprocess.Popen(list(argv), env={**env, FORK_ENV: str(write)},
+        # One OpenMP thread while it imports: torch starts its OpenMP pool at import (a thread per
+        # CPU by default), and a process running threads may not fork. Each child gets its own
+        # rank's thread count back (`_intra_op_threads`).
+        self.process = subprocess.Popen(list(argv), env={**env, "OMP_NUM_THREADS": "1", FORK_ENV: str(write)},
                                         stdin=subprocess.PIPE, pass_fds=(write,))  # fmt: skip
         os.close(write)
         os.set_blocking(read, False)

@@ -204,7 +204,9 @@ def test_both_recipes_recover_from_a_kill_a_resize_and_a_hang_with_uninterrupted
         for e in of_kind(events, "step"):  # every step trained, in every attempt, at either degree
             assert math.isclose(float(e["loss"]), reference[recipe][int(e["step"])], abs_tol=LOSS_ATOL), (recipe, e)
         started = of_kind(events, "workers_started")  # each pod's launcher, each attempt: forked (--fork)
-        assert started and all(e["forked"] == e["workers"] for e in started), (recipe, started)
+        assert started and all(e["forked"] == e["workers"] for e in started), (
+            recipe, [(e["attempt"], e["workers"], e["forked"], e["warm"]) for e in started],
+            [e for e in events if e.get("event") in ("fork_failed", "workers_failed")])
         # What the operator shows of the trainer's cooperation, and the contract version it reported.
         assert done["status"]["trainer"] == {"heartbeat": True, "commits": True, "checkpointRequests": "Honoured",
                                              "contractVersion": CONTRACT_VERSION}, recipe  # fmt: skip

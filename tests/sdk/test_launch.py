@@ -105,6 +105,33 @@ def test_fork_forks_every_attempts_workers_from_one_preloaded_interpreter(tmp_pa
     assert refused.returncode == EXIT_BAD_CONFIG and "--fork needs" in refused.stdout
 
 
+THREADS = """
+import json, os, sys, torch
+with open(os.environ["OUT"], "w") as f:
+    json.dump({"threads": torch.get_num_threads(), "parent": os.getppid()}, f)
+"""
+
+
+def test_a_forked_worker_has_the_intra_op_threads_a_new_interpreter_would(tmp_path: Path) -> None:
+    """The forker imports torch with one OpenMP thread (torch starts its pool at import, and a
+    process running threads may not fork); a one-worker pod without OMP_NUM_THREADS still gets
+    torch's default in its worker, one thread per CPU, and a pod that sets it gets its value."""
+    (tmp_path / "threads.py").write_text(THREADS)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    fresh = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=env,
+                           capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    for omp, want in ((None, int(fresh.stdout)), ("3", 3)):
+        out = tmp_path / f"threads-{omp}"
+        full = {**env, "TOPOTRAIN_CONTROL_DIR": str(tmp_path), "OUT": str(out), "NPROC_PER_NODE": "1",
+                **({"OMP_NUM_THREADS": omp} if omp else {})}  # fmt: skip
+        launcher = subprocess.Popen([sys.executable, "-m", "topotrain_sdk.launch", "--fork", "--", sys.executable,
+                                     str(tmp_path / "threads.py")], env=full)  # fmt: skip
+        assert launcher.wait(timeout=120) == 0
+        seen_threads = json.loads(out.read_text())
+        assert seen_threads["parent"] != launcher.pid, "the worker was forked, not started anew"
+        assert seen_threads["threads"] == want, (omp, seen_threads)
+
+
 def test_a_workers_failure_fails_the_pod_without_a_store_to_report_to(tmp_path: Path) -> None:
     assert launch(tmp_path, {"0": 3}).wait(timeout=120) == 3
 
