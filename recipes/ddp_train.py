@@ -2,8 +2,9 @@
 
 Locally:      torchrun --nproc-per-node=2 recipes/ddp_train.py
 On topotrain: the TrainingJob's command is
-              ["topotrain-launch", "--", "python", "recipes/ddp_train.py"]
-              (the launcher starts one worker per local rank with torchrun's environment).
+              ["topotrain-launch", "--fork", "--", "python", "recipes/ddp_train.py"]
+              (the launcher starts one worker per local rank with torchrun's environment;
+              --fork: forked from one interpreter that imported torch once).
 
 The lines marked `# topotrain` are the ones topotrain needs: 5 of this script's lines.
 They resume from the newest committed checkpoint, report progress (the heartbeat), save

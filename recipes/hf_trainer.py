@@ -6,7 +6,7 @@ folders. One `TrainerCallback` does topotrain's side through the SDK's folder ad
 
 Locally:      torchrun --nproc-per-node=2 recipes/hf_trainer.py
 On topotrain: the TrainingJob's command is
-              ["topotrain-launch", "--", "python", "recipes/hf_trainer.py"]
+              ["topotrain-launch", "--fork", "--", "python", "recipes/hf_trainer.py"]
 
 The lines marked `# topotrain` are the ones topotrain needs (docs/byo-trainer.md counts them).
 They resume the Trainer from the newest committed checkpoint's folder, report each step (the
