@@ -81,7 +81,8 @@ def serve(requests: int = 0) -> dict[str, str] | None:
     pending = b""
 
     def send(message: dict[str, object]) -> None:
-        os.write(reply_fd, json.dumps(message).encode() + b"\n")
+        with contextlib.suppress(BrokenPipeError):  # the supervisor is gone: its end of input follows
+            os.write(reply_fd, json.dumps(message).encode() + b"\n")
 
     while True:
         while children:  # reap, and tell the supervisor
