@@ -59,6 +59,17 @@ def _threads() -> int:
         return threading.active_count()
 
 
+def set_process_name(name: str) -> None:
+    """Set /proc/self/comm (15 bytes), on Linux: how `ps -o comm` and fault injectors tell the
+    forker (and the bundled trainer's warm spares) from a rank."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    pr_set_name = 15
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_name, name.encode()[:15], 0, 0, 0)
+
+
 def die_with_parent() -> None:
     """Ask the kernel to SIGKILL this process when its parent dies (Linux; a fork clears it)."""
     if sys.platform != "linux":
@@ -103,8 +114,8 @@ def serve(requests: int = 0) -> dict[str, str] | None:
             pending += chunk
             continue
         line, pending = pending.split(b"\n", 1)
-        if _threads() > 1:
-            send({"refused": f"the forker runs {_threads()} threads; a fork copies only one"})
+        if (threads := _threads()) > 1:
+            send({"refused": f"the forker runs {threads} threads; a fork copies only one"})
             continue
         env = json.loads(line)
         pid = os.fork()
@@ -139,8 +150,6 @@ def _intra_op_threads(env: Mapping[str, str]) -> None:
 
 class ForkedRank:
     """A forked child, as the supervisor sees it: the subset of `subprocess.Popen` it uses."""
-
-    stdin = None
 
     def __init__(self, forker: Forker, pid: int) -> None:
         self.forker, self.pid = forker, pid
@@ -279,13 +288,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if FORK_ENV in os.environ:  # else a rank started as a new interpreter (forking failed)
         die_with_parent()
-        _set_name(FORKER_COMM)
+        set_process_name(FORKER_COMM)
         for name in preload:
             with contextlib.suppress(ImportError):
                 importlib.import_module(name)
         if serve() is None:
             return 0
-        _set_name(os.path.basename(sys.executable))
+        set_process_name(os.path.basename(sys.executable))
     if args[0] == "-m":
         sys.argv = [args[1], *args[2:]]
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
@@ -294,14 +303,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.path[0] = os.path.dirname(os.path.abspath(args[0]))
         runpy.run_path(args[0], run_name="__main__")
     return 0
-
-
-def _set_name(name: str) -> None:
-    if sys.platform == "linux":
-        import ctypes
-
-        pr_set_name = 15
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_name, name.encode()[:15], 0, 0, 0)
 
 
 if __name__ == "__main__":

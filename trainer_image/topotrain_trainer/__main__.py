@@ -24,7 +24,9 @@ from pathlib import Path
 
 from topotrain.contract import ContractError, TrainerEnv, control_path, read_control, with_control
 
-from topotrain_sdk.forker import FORK_ENV
+# die_with_parent: torchrun starts each rank in its own session; should the launcher be killed
+# outright (SIGKILL), its ranks must not linger holding ports and CPUs
+from topotrain_sdk.forker import FORK_ENV, FORKER_COMM, die_with_parent, serve
 
 # first of the trainer's imports: a warm spare takes its process name before torch loads
 from topotrain_trainer._procname import SPARE_ENV, set_process_name
@@ -70,8 +72,6 @@ def warm_spare() -> int:
 def fork_ranks() -> int:
     """The pod's forker (`topotrain_sdk.forker`): import what a rank imports once, then fork
     each rank the supervisor asks for; each child goes on here as that rank."""
-    from topotrain_sdk.forker import FORKER_COMM, serve
-
     die_with_parent()
     set_process_name(FORKER_COMM)
     import topotrain_trainer.train  # noqa: F401  torch, the model, the checkpointing: the slow part
@@ -91,14 +91,6 @@ def torchrun_argv(env: TrainerEnv) -> list[str]:
         "--max-restarts=0",  # the operator restarts the whole gang from a checkpoint
         "-m", "topotrain_trainer",
     ]  # fmt: skip
-
-
-def die_with_parent() -> None:
-    """torchrun starts each rank in its own session; should the launcher be killed
-    outright (SIGKILL), its ranks must not linger holding ports and CPUs."""
-    from topotrain_sdk.forker import die_with_parent as sdk_die_with_parent
-
-    sdk_die_with_parent()
 
 
 # gloo's messages when the other end of a connection went away (its process died or hung), and

@@ -58,8 +58,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     load_config()
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    if change_handlers():  # they would read EmptyDiffBase's empty diffs
-        raise RuntimeError(f"change handlers {change_handlers()} need a diff base: see kopf_diffbase.py")
+    if changing := change_handlers():  # they would read EmptyDiffBase's empty diffs
+        raise RuntimeError(f"change handlers {changing} need a diff base: see kopf_diffbase.py")
     settings.persistence.diffbase_storage = EmptyDiffBase()
     settings.posting.level = logging.INFO
     settings.posting.enabled = True
