@@ -249,3 +249,13 @@ def file_lock(directory: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def sigterm_interrupts() -> None:
+    """Make SIGTERM raise KeyboardInterrupt in the main thread, as Ctrl-C does.
+
+    Python's default SIGTERM ends the process at once: no `finally`, no fixture teardown, so a
+    test session stopped by a CI timeout or a `kill` left every process it had started (a private
+    testbed's API server, etcd, KWOK, the operator) running. As an interrupt, pytest stops the
+    session and runs the teardowns, which stop them."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)

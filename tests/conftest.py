@@ -43,6 +43,14 @@ if TYPE_CHECKING:
 TESTBED_TOPOLOGY = REPO_ROOT / "examples" / "clusters" / "tiny.yaml"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A SIGTERM (a CI timeout, `kill`) stops the session like Ctrl-C: teardowns run and stop
+    the processes the tests started (testbed.procs.sigterm_interrupts)."""
+    from testbed.procs import sigterm_interrupts
+
+    sigterm_interrupts()
+
+
 def _unavailable(reason: str) -> None:
     """Skip locally; fail (an ERROR in the fixture) under CI, where skipping would hide it."""
     if os.environ.get("CI", "").lower() == "true":
