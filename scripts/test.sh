@@ -91,9 +91,18 @@ if [ $whole -eq 1 ]; then
   kueue_build_start
 fi
 testbed_log=$(mktemp)
+# pytest starts before the testbed's build has ended (on a cold machine it takes about 15
+# minutes, the Kubernetes binaries last): the build marks each binary in $build_done as it is
+# built, and the testbed waits there for the ones it needs (testbed/binaries.py, wait_built), so
+# the trainer tests, which need only the S3 server (built first), run meanwhile.
+build_done=$(mktemp -d)
 stage begin testbed-build
-(c=0; testbed/build.sh || c=$?; echo "end testbed-build $SECONDS" >>"$stages"; exit $c) >"$testbed_log" 2>&1 &
+(c=0; TOPOTRAIN_BUILD_DONE="$build_done" testbed/build.sh || c=$?; echo "end testbed-build $SECONDS" >>"$stages"
+ exit $c) >"$testbed_log" 2>&1 &
 testbed_build=$!
+echo "$testbed_build" >"$build_done/.pid"
+export TOPOTRAIN_BUILD_PENDING="$build_done"
+export PATH="${TOPOTRAIN_CACHE:-$HOME/.cache/topotrain}/bin:$PATH"
 stage begin venv
 venv=$(scripts/bootstrap.sh trainer | tail -n 1)
 stage end venv
@@ -128,14 +137,13 @@ versus_start() {
    echo "end pytest-versus $SECONDS" >>"$stages"; exit $c) &
   versus=$!
 }
+# After pytest: the build's outcome (a failed build fails the run even where no test needed it).
 testbed_wait() {
-  local start=$SECONDS c=0
+  local c=0
   wait "$testbed_build" || c=$?
   grep -E ' took ' "$testbed_log" || true
-  if [ $c -ne 0 ]; then tail -n 40 "$testbed_log" >&2; echo "testbed/build.sh failed (exit $c)" >&2; exit 1; fi
-  bin=$(tail -n 1 "$testbed_log")
-  export PATH="$bin:$PATH"
-  echo "== testbed binaries: $bin (waited $((SECONDS - start))s)"
+  if [ $c -ne 0 ]; then tail -n 40 "$testbed_log" >&2; echo "testbed/build.sh failed (exit $c)" >&2; return 1; fi
+  echo "== testbed binaries: $(tail -n 1 "$testbed_log")"
 }
 stage begin lint
 echo "== ruff (at ${SECONDS}s)"
@@ -144,7 +152,6 @@ echo "== mypy --strict (at ${SECONDS}s)"
 mypy --strict operator/topotrain trainer_image/topotrain_trainer
 echo "== lint-imports"; lint-imports
 stage end lint
-testbed_wait
 if [ "$kind" = 1 ]; then
   # Its builds (Go binaries, base and node images, our Dockerfiles: minutes on a cold machine,
   # seconds on a warm one) run meanwhile at nice 10 (below pytest, above the Kueue build); the cluster, the image loads
@@ -156,7 +163,9 @@ if [ "$kind" = 1 ]; then
   # The cluster's owner is this run: a cluster left by an earlier run that was killed is deleted.
   export TOPOTRAIN_KIND_OWNER=$$
   stage begin kind-prepare
+  # after the early kind work and the testbed's build (its images take the testbed's binaries)
   (while [ -n "$early" ] && kill -0 "$early" 2>/dev/null; do sleep 5; done
+   while [ ! -e "$build_done/.end" ] && kill -0 "$testbed_build" 2>/dev/null; do sleep 5; done
    c=0; nice -n 10 scripts/kind-e2e.sh --prepare || c=$?; echo "end kind-prepare $SECONDS" >>"$stages"
    echo $c >"$kind_log.rc"; exit $c) >"$kind_log" 2>&1 &
   kind_prepare=$!
@@ -184,12 +193,16 @@ set +e
 # about 200 s of the first's tests move over and both end at about the same time. Since the kind
 # stage starts when the first process ends (below), the first is kept the shorter: the Hugging
 # Face weights test moved over too (cold, the first ran 1420 s and the second 1168 s).
-beside=(tests/integration tests/chaos tests/sdk tests/e2e/test_byo_trainer.py tests/trainer/test_rendezvous.py
-        tests/trainer/test_hf_weights.py)
+# Each process runs first what needs no Kubernetes binary (the trainer tests; the SDK's), which on
+# a cold machine runs while the testbed's build goes on.
+beside=(tests/sdk tests/trainer/test_rendezvous.py tests/trainer/test_hf_weights.py tests/e2e/test_byo_trainer.py
+        tests/integration tests/chaos)
 split=0
 if [ $# -eq 0 ]; then
   split=1
-  set -- tests --durations=25 -m "not kueue"
+  first=(tests/trainer)
+  for t in tests/[a-z]*/; do [ "${t%/}" = tests/trainer ] || first+=("${t%/}"); done
+  set -- "${first[@]}" --durations=25 -m "not kueue"
   for t in "${beside[@]}"; do set -- "$@" "--ignore=$t"; done
   [ "$kind" = 1 ] && set -- "$@" --ignore=tests/unit
 fi  # (otherwise tests/conftest.py's `kueue` fixture builds them when a selected test needs them)
@@ -206,6 +219,7 @@ main_log=$(mktemp)
 python -m pytest "$@" 2>&1 | tee "$main_log"
 code=${PIPESTATUS[0]}
 stage end pytest
+testbed_wait || code=1
 # The kind stage starts when the first process has ended and the kind preparation has (at once on
 # a warm machine), beside the rest of the second process, which mostly waits. (Warm, fec89db: the
 # first process ended 90 s before the second, and the kind stage waited for both.)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -26,8 +27,47 @@ def bin_dir() -> Path:
     return cache_dir() / "bin"
 
 
+# scripts/test.sh starts pytest while testbed/build.sh may still be building (a cold machine): it
+# names a directory where the build marks each binary it has built (an empty file of that name),
+# its own pid (.pid) and, when it ends, its exit status (.end). A binary is looked up only once it
+# is marked or the build has ended; the trainer tests, which need only the S3 server (built first),
+# then run while the Kubernetes binaries are still being compiled.
+BUILD_PENDING_ENV = "TOPOTRAIN_BUILD_PENDING"
+
+
+def _build_alive(pending: Path) -> bool:
+    try:
+        os.kill(int((pending / ".pid").read_text()), 0)
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def wait_built(name: str) -> None:
+    """Return once `name` is built or the build has ended (see BUILD_PENDING_ENV); at once when
+    no build is pending. Raises FileNotFoundError when the build ended without building it or
+    died without saying so."""
+    pending_dir = os.environ.get(BUILD_PENDING_ENV)
+    if not pending_dir:
+        return
+    pending = Path(pending_dir)
+    while not (pending / name).exists():
+        end = pending / ".end"
+        if end.exists():
+            status = end.read_text().strip()
+            if status != "0":
+                raise FileNotFoundError(f"testbed/build.sh failed (exit {status}) before building {name}")
+            return
+        if not _build_alive(pending) and not end.exists() and not (pending / name).exists():
+            raise FileNotFoundError(f"testbed/build.sh is gone without building {name} ({pending})")
+        time.sleep(1)
+
+
 def binary(name: str) -> Path:
     """Path of a built testbed binary; raises FileNotFoundError saying how to build it."""
+    wait_built(name)
     path = bin_dir() / name
     if not os.access(path, os.X_OK):
         raise FileNotFoundError(
@@ -56,6 +96,7 @@ KEEP_RUNNING_LABEL = "testbed.topotrain.io/keep-running"
 def kwok_stages() -> Path:
     """KWOK's default and chaos stages, assembled by build.sh from the pinned module, with
     `pod-complete` skipping pods labelled KEEP_RUNNING_LABEL (a file derived next to it)."""
+    wait_built("kwok")
     built = cache_dir() / "share" / f"kwok-stages-{versions()['KWOK_VERSION']}.yaml"
     if not built.exists():
         raise FileNotFoundError(f"{built} is missing: run `{BUILD_SCRIPT} kwok`")

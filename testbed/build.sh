@@ -15,6 +15,8 @@ mkdir -p "$bin" "$cache/build"
 export CGO_ENABLED=0 GOFLAGS="-buildvcs=false -gcflags=all=-dwarf=false" GOTOOLCHAIN=local
 
 log() { printf '[testbed build] %s\n' "$*" >&2; }
+# shellcheck source=testbed/gogroups.sh
+source "$here/gogroups.sh"
 
 # stamp NAME VERSION -> true when bin/NAME was built for VERSION
 stamped() { [ -x "$bin/$1" ] && [ "$(cat "$bin/.$1.version" 2>/dev/null)" = "$2" ]; }
@@ -86,18 +88,19 @@ build_etcd() {
   stamp etcd "$v"
 }
 
-# go install works for modules whose go.mod has no replace directives.
-build_install() {
-  local name=$1 pkg=$2 v=$3
-  stamped "$name" "$v" && return 0
-  GOBIN="$bin" go install -trimpath -ldflags "-s -w ${4:-}" "$pkg@$v"
-  stamp "$name" "$v"
+# build_grouped NAME PACKAGE VERSION [LDFLAGS]: built in its Go module group (testbed/gogroups.sh)
+build_grouped() {
+  local name=$1 pkg=$2 v=$3 st
+  st=$(go_group_stamp "$name" "$v")
+  stamped "$name" "$st" && return 0
+  go_group_build "$name" "$bin/$name" "-s -w ${4:-}" "$pkg"
+  stamp "$name" "$st"
 }
 
 build_kwok() {
-  build_install kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" \
+  build_grouped kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" \
     "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
-  build_install kwokctl sigs.k8s.io/kwok/cmd/kwokctl "$KWOK_VERSION" \
+  build_grouped kwokctl sigs.k8s.io/kwok/cmd/kwokctl "$KWOK_VERSION" \
     "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
   kwok_stages
 }
@@ -122,57 +125,24 @@ kwok_stages() {
   mv "$out.tmp" "$out"
 }
 build_helm() {
-  build_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" \
+  build_grouped helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" \
     "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 }
 build_versitygw() {
-  build_install versitygw github.com/versity/versitygw/cmd/versitygw "$VERSITYGW_VERSION" \
+  build_grouped versitygw github.com/versity/versitygw/cmd/versitygw "$VERSITYGW_VERSION" \
     "-X main.Version=$VERSITYGW_VERSION"
 }
 
-# Kueue and JobSet: the manager binaries plus their CRDs, copied from the module
-# cache into share/ (the upstream files are taken at build time, never committed).
-# Built inside the module's own directory, with its own go.mod and go.sum (`go install
-# sigs.k8s.io/kueue/cmd/kueue@v` first asks the proxy for a module at the package path,
-# which it refuses with 403, not 404, and go install stops there).
-# Built inside the module's own source, with its own go.mod and go.sum (`go install
-# sigs.k8s.io/kueue/cmd/kueue@v` first asks the proxy for a module at the package path,
-# which it refuses with 403, not 404, and go install stops there).
-build_in_module() {
-  local name=$1 module=$2 v=$3 pkg=$4
-  stamped "$name" "$v" && return 0
-  local src
-  src=$(go mod download -json "$module@$v" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
-  (cd "$src" && go build -trimpath -ldflags "-s -w ${5:-}" -o "$bin/$name" "$pkg")
-  stamp "$name" "$v"
-}
-# Kueue reads its metrics certificate from the fixed path /etc/kueue/metrics/certs whenever
-# its own certificate management is off (cmd/kueue/main.go), metrics served or not. Writing
-# under /etc would change the host, so the testbed's Kueue reads it relative to its working
-# directory (testbed/kueue.py starts it in its state directory): a copy of the module's source
-# (go refuses -overlay files in the module cache) with that one string replaced; a version
-# whose main.go no longer names the path fails here rather than build something else.
-KUEUE_METRICS_CERTS=metrics-certs
+# Kueue and JobSet: the manager binaries plus their CRDs, copied from the module cache into
+# share/ (the upstream files are taken at build time, never committed). Kueue's source is patched
+# for one path (testbed/gogroups.sh, KUEUE_METRICS_CERTS).
 build_kueue() {
-  local v=$KUEUE_VERSION stampv="$KUEUE_VERSION+$KUEUE_METRICS_CERTS"
-  module_crds kueue sigs.k8s.io/kueue "$v"
-  stamped kueue "$stampv" && return 0
-  local src dir="$cache/build/kueue-$v"
-  src=$(go mod download -json "sigs.k8s.io/kueue@$v" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
-  grep -q '"/etc/kueue/metrics/certs"' "$src/cmd/kueue/main.go" || {
-    log "kueue $v: cmd/kueue/main.go no longer names /etc/kueue/metrics/certs; update build_kueue"
-    return 1
-  }
-  rm -rf "$dir" && mkdir -p "$dir"
-  cp -r "$src" "$dir/src" && chmod -R u+w "$dir/src"
-  sed -i 's#"/etc/kueue/metrics/certs"#"'"$KUEUE_METRICS_CERTS"'"#' "$dir/src/cmd/kueue/main.go"
-  (cd "$dir/src" && go build -trimpath -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$v" \
-    -o "$bin/kueue" ./cmd/kueue)
-  rm -rf "$dir"
-  stamp kueue "$stampv"
+  module_crds kueue sigs.k8s.io/kueue "$KUEUE_VERSION"
+  build_grouped kueue sigs.k8s.io/kueue/cmd/kueue "$KUEUE_VERSION" \
+    "-X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION"
 }
 build_jobset() {
-  build_in_module jobset sigs.k8s.io/jobset "$JOBSET_VERSION" .
+  build_grouped jobset sigs.k8s.io/jobset "$JOBSET_VERSION"
   module_crds jobset sigs.k8s.io/jobset "$JOBSET_VERSION"
 }
 # module_crds NAME MODULE VERSION: config/components/crd/bases/*.yaml -> share/NAME-crds-VERSION/
@@ -187,12 +157,32 @@ module_crds() {
   mv "$out.tmp" "$out"
 }
 
+# TOPOTRAIN_BUILD_DONE (scripts/test.sh, testbed/binaries.py: BUILD_PENDING_ENV): a directory where
+# each binary is marked (an empty file of its name) once built, and the exit status is written to
+# .end when the build ends, so tests that need only some binaries start before the rest are built.
+done_dir=${TOPOTRAIN_BUILD_DONE:-}
+if [ -n "$done_dir" ]; then
+  mkdir -p "$done_dir"
+  trap 'echo $? > "$done_dir/.end"' EXIT
+fi
+mark_built() {
+  [ -n "$done_dir" ] || return 0
+  local b
+  case $1 in
+    kubernetes) for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do : > "$done_dir/$b"; done ;;
+    kwok) : > "$done_dir/kwok"; : > "$done_dir/kwokctl" ;;
+    *) : > "$done_dir/$1" ;;
+  esac
+}
+
 components=("$@")
 # Kueue and JobSet (about 11 CPU-minutes cold) only when named: scripts/test.sh builds them in
 # the background while the main suites run; bench/versus.py builds them when it starts.
-[ ${#components[@]} -eq 0 ] && components=(etcd kubernetes kwok helm versitygw)
+# The S3 server first: the trainer tests need nothing else, and start while the rest builds.
+[ ${#components[@]} -eq 0 ] && components=(versitygw etcd kubernetes kwok helm)
 for c in "${components[@]}"; do
   log "building $c"
   timed "build_$c"
+  mark_built "$c"
 done
 echo "$bin"

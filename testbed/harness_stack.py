@@ -35,7 +35,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 from topotrain.contract import HOLD_RELEASE, hold_release_of
 
-from testbed.binaries import REPO_ROOT, bin_dir, code_path
+from testbed.binaries import REPO_ROOT, bin_dir, code_path, wait_built
 from testbed.client import api_client, core_v1
 from testbed.harness import PodProcessHarness
 from testbed.harness_env import container_argv, container_env, read_env_source
@@ -131,6 +131,7 @@ class Stack:
     def _tool(
         self, name: str, args: tuple[str, ...], check: bool
     ) -> subprocess.CompletedProcess[str]:
+        wait_built(name)
         built = bin_dir() / name
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         argv = [str(built) if built.exists() else name, *args]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from testbed.binaries import bin_dir
+from testbed.binaries import bin_dir, wait_built
 
 if TYPE_CHECKING:
     from testbed.cluster import Testbed
@@ -75,6 +75,7 @@ class Kube:
 def _run_tool(
     name: str, kubeconfig: Path, args: tuple[str, ...], check: bool
 ) -> subprocess.CompletedProcess[str]:
+    wait_built(name)
     built = bin_dir() / name
     tool = str(built) if built.exists() else name
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}

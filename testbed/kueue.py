@@ -15,7 +15,7 @@ JobSet webhooks see only JobSets carrying a queue label, so other JobSets are le
 The CRDs come from the module cache, copied by `testbed/build.sh kueue jobset` into
 `~/.cache/topotrain/share/{kueue,jobset}-crds-<version>/`. Upstream Kueue reads a metrics
 certificate from the fixed path /etc/kueue/metrics/certs even with metrics off; the testbed's
-build reads it from metrics-certs/ under its working directory instead (testbed/build.sh), and
+build reads it from metrics-certs/ under its working directory instead (testbed/gogroups.sh), and
 `start()` puts the testbed's serving certificate there: nothing is written outside the state
 directory.
 """

@@ -11,96 +11,50 @@ source "$(dirname "$0")/lib.sh"
 # -dwarf=false: every binary is linked with -s -w (no symbol table, no DWARF), so the DWARF the
 # compiler would write for each package is thrown away; not generating it saves compile time.
 export CGO_ENABLED=0 GOFLAGS="-buildvcs=false -gcflags=all=-dwarf=false" GOTOOLCHAIN=local
+# kind, containerd, crictl and CoreDNS: built in the Go module groups they share with the
+# testbed's tools (testbed/gogroups.sh).
+# shellcheck source=testbed/gogroups.sh
+source "$kind_root/testbed/gogroups.sh"
 
-# wrapped_build NAME VERSION DIR: DIR holds a main/tools file; tidy and build
-# each package listed in $pkgs into kind_bin.
-wrapped_module() {
-  local dir=$1 module=$2 version=$3
-  mkdir -p "$dir"
-  (
-    cd "$dir"
-    printf 'module topotrain.io/kind/%s\n\ngo 1.25\n\nrequire %s %s\n' \
-      "$(basename "$dir")" "$module" "$version" > go.mod
-    go mod tidy >/dev/null 2>&1 || go mod tidy
-  )
-}
+# grouped_stamp NAME VERSION: the stamp of a binary built in its Go module group
+grouped_stamp() { go_group_stamp "$1" "$2"; }
 
 build_kind() {
-  stamped kind "$KIND_VERSION" && return 0
-  GOBIN="$kind_bin" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kind@$KIND_VERSION"
-  stamp kind "$KIND_VERSION"
+  local st
+  st=$(grouped_stamp kind "$KIND_VERSION")
+  stamped kind "$st" && return 0
+  go_group_build kind "$kind_bin/kind" "-s -w" sigs.k8s.io/kind
+  stamp kind "$st"
 }
 
 build_containerd() {
-  local v=$CONTAINERD_VERSION all=1 b
-  for b in containerd ctr containerd-shim-runc-v2; do stamped "$b" "$v" || all=0; done
+  local v=$CONTAINERD_VERSION all=1 b st
+  st=$(grouped_stamp containerd "$v")
+  for b in containerd ctr containerd-shim-runc-v2; do stamped "$b" "$st" || all=0; done
   [ $all = 1 ] && return 0
-  local dir="$cache/build/kind-containerd-$v"
-  mkdir -p "$dir"
-  cat > "$dir/tools.go" <<'GO'
-//go:build tools
-
-package tools
-
-import (
-	_ "github.com/containerd/containerd/v2/cmd/containerd"
-	_ "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"
-	_ "github.com/containerd/containerd/v2/cmd/ctr"
-)
-GO
-  wrapped_module "$dir" github.com/containerd/containerd/v2 "$v"
-  local ld="-s -w -X github.com/containerd/containerd/v2/version.Version=$v"
-  (cd "$dir" && go build -trimpath -tags "no_btrfs no_devmapper no_zfs no_aufs" -ldflags "$ld" \
-    -o "$kind_bin/" github.com/containerd/containerd/v2/cmd/containerd \
-    github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
-    github.com/containerd/containerd/v2/cmd/ctr)
-  for b in containerd ctr containerd-shim-runc-v2; do stamp "$b" "$v"; done
+  go_group_build containerd "$kind_bin/" "-s -w -X github.com/containerd/containerd/v2/version.Version=$v" \
+    -tags "no_btrfs no_devmapper no_zfs no_aufs" github.com/containerd/containerd/v2/cmd/containerd \
+    github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/ctr
+  for b in containerd ctr containerd-shim-runc-v2; do stamp "$b" "$st"; done
 }
 
 build_crictl() {
-  local v=$CRICTL_VERSION
-  stamped crictl "$v" && return 0
-  local dir="$cache/build/kind-crictl-$v"
-  mkdir -p "$dir"
-  printf '//go:build tools\n\npackage tools\n\nimport _ "sigs.k8s.io/cri-tools/cmd/crictl"\n' > "$dir/tools.go"
-  wrapped_module "$dir" sigs.k8s.io/cri-tools "$v"
-  (cd "$dir" && go build -trimpath -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$v" \
-    -o "$kind_bin/crictl" sigs.k8s.io/cri-tools/cmd/crictl)
-  stamp crictl "$v"
+  local v=$CRICTL_VERSION st
+  st=$(grouped_stamp crictl "$v")
+  stamped crictl "$st" && return 0
+  go_group_build crictl "$kind_bin/crictl" "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$v" \
+    sigs.k8s.io/cri-tools/cmd/crictl
+  stamp crictl "$st"
 }
 
-# CoreDNS with only the plugins of kubeadm's default Corefile (plus log):
-# a fraction of the full build, which links every cloud provider's SDK.
+# CoreDNS with only the plugins of kubeadm's default Corefile (plus log), a main package of its
+# group's module (testbed/gogroups.sh).
 build_coredns() {
-  local v=$COREDNS_VERSION
-  stamped coredns "$v" && return 0
-  local dir="$cache/build/kind-coredns-$v"
-  mkdir -p "$dir"
-  cat > "$dir/main.go" <<'GO'
-// CoreDNS with the plugins kubeadm's Corefile uses.
-package main
-
-import (
-	_ "github.com/coredns/coredns/core/dnsserver"
-	"github.com/coredns/coredns/coremain"
-	_ "github.com/coredns/coredns/plugin/cache"
-	_ "github.com/coredns/coredns/plugin/errors"
-	_ "github.com/coredns/coredns/plugin/forward"
-	_ "github.com/coredns/coredns/plugin/health"
-	_ "github.com/coredns/coredns/plugin/kubernetes"
-	_ "github.com/coredns/coredns/plugin/loadbalance"
-	_ "github.com/coredns/coredns/plugin/log"
-	_ "github.com/coredns/coredns/plugin/loop"
-	_ "github.com/coredns/coredns/plugin/metrics"
-	_ "github.com/coredns/coredns/plugin/ready"
-	_ "github.com/coredns/coredns/plugin/reload"
-)
-
-func main() { coremain.Run() }
-GO
-  wrapped_module "$dir" github.com/coredns/coredns "$v"
-  (cd "$dir" && go build -trimpath -ldflags "-s -w" -o "$kind_bin/coredns" .)
-  stamp coredns "$v"
+  local st
+  st=$(grouped_stamp coredns "$COREDNS_VERSION")
+  stamped coredns "$st" && return 0
+  go_group_build coredns "$kind_bin/coredns" "-s -w" ./coredns
+  stamp coredns "$st"
 }
 
 # kubeadm, kubelet and kube-proxy from a wrapper module generated like the
