@@ -29,7 +29,7 @@ from topotrain.placement.topology import TopologyLevels, pod_gpus
 from testbed.chaos.catalogue import Fault
 from testbed.chaos.tenant import delete_until_gone
 from testbed.kueue_queues import Flavor, KueueQueues, pool_flavor
-from testbed.topology import GPU_RESOURCE, HOSTNAME_LABEL, PRODUCT_LABEL, Pool
+from testbed.topology import GPU_RESOURCE, HOSTNAME_LABEL, PRODUCT_LABEL, parse_topology
 
 PRODUCT = "L40S-48GB"  # the queued pool's GPUs: no other shape of the soak accepts them
 POOL: dict[str, Any] = {"name": "chaos-queued", "product": PRODUCT, "gpusPerNode": 8, "blocks": 1,
@@ -43,8 +43,7 @@ GROUP, VERSION, WORKLOADS = "kueue.x-k8s.io", "v1beta2", "workloads"
 
 def queues(namespace: str) -> KueueQueues:
     """Topology, ResourceFlavor (the queued pool), ClusterQueue of QUOTA GPUs, LocalQueue."""
-    pool = Pool(POOL["name"], PRODUCT, POOL["gpusPerNode"], POOL["blocks"], POOL["racksPerBlock"],
-                POOL["nodesPerRack"], POOL["nvlinkDomainNodes"])  # fmt: skip
+    (pool,) = parse_topology({"name": POOL["name"], "pools": [POOL]}).pools  # as a fleet file says it
     flavor = pool_flavor(pool)
     flavor = Flavor(flavor.name, flavor.node_labels, {GPU_RESOURCE: str(QUOTA)})
     return KueueQueues(PREFIX, namespace, TopologyLevels(nvlink=HOSTNAME_LABEL), (flavor,))

@@ -162,8 +162,10 @@ def local_operator(kubeconfig: Path, release: Release, name: str = "operator",
            if not k.startswith(("KUBERNETES_", "AWS_", "TOPOTRAIN_"))}
     env.update(KUBECONFIG=str(kubeconfig), TOPOTRAIN_METRICS_PORT="0", TOPOTRAIN_HEALTH_PORT="0",
                TOPOTRAIN_CHECKPOINT_ENDPOINTS="127.0.0.1")  # the testbed's S3 server, on loopback
-    if elect:  # as the chart sets it: the release's Lease in its namespace, the pod's name
-        env.update(TOPOTRAIN_LEASE_NAMESPACE=release.namespace, TOPOTRAIN_IDENTITY=name)
+    if elect:  # as the chart sets it: the release's Lease in its namespace, owned by the
+        # release's Deployment; the pod's name
+        env.update(TOPOTRAIN_LEASE_NAMESPACE=release.namespace, TOPOTRAIN_LEASE_OWNER=release.fullname,
+                   TOPOTRAIN_IDENTITY=name)
     log = release.workdir / f"{name}.log"
     cmd = [sys.executable, "-m", "topotrain.cli", "run", "--namespace", release.namespace,
            "--lease-name", release.fullname]
@@ -321,6 +323,13 @@ def test_standby_replica_takes_over_when_the_active_one_dies(
         except BaseException:
             print("active:\n" + active.text()[-4000:] + "\nstandby:\n" + standby.text()[-6000:])
             raise
+    # The replicas' Lease (written by them, owned by the release's Deployment) goes with the
+    # release: `helm uninstall` leaves no Lease behind.
+    lease = ["-n", namespace, "get", f"leases.coordination.k8s.io/{release.fullname}", "-o", "json"]
+    owners = json.loads(kube.kubectl(*lease).stdout)["metadata"].get("ownerReferences", [])
+    assert [(o["kind"], o["name"]) for o in owners] == [("Deployment", release.fullname)]
+    release.uninstall()
+    wait_for("the Lease deleted with its owner", lambda: kube.kubectl(*lease, check=False).returncode != 0)
 
 
 def test_operator_pod_passes_the_restricted_pod_security_standard(
@@ -370,6 +379,7 @@ def test_service_account_cannot_do_what_the_operator_does_not_need(
         ["get", "trainingjobtemplates.topotrain.io"],  # spec.templateRef
         ["watch", "nodes"],
         ["update", f"leases.coordination.k8s.io/{release.fullname}", *ns],
+        ["get", f"deployments.apps/{release.fullname}", *ns],  # the Lease's owner, for its UID
     ):
         assert release.can_i(*args), f"cannot {' '.join(args)}"
     # What it does not: other Secrets, granting itself roles, touching nodes,
@@ -390,6 +400,8 @@ def test_service_account_cannot_do_what_the_operator_does_not_need(
         ["delete", "customresourcedefinitions.apiextensions.k8s.io"],
         ["list", "namespaces"],
         ["update", "leases.coordination.k8s.io/someone-else", *ns],
+        ["get", "deployments.apps/someone-else", *ns],
+        ["update", f"deployments.apps/{release.fullname}", *ns],
         ["update", "leases.coordination.k8s.io/kube-scheduler", "-n", "kube-system"],
         ["create", "trainingjobs.topotrain.io", *ns],
         ["update", "trainingjobtemplates.topotrain.io"],

@@ -130,8 +130,10 @@ def expected(scope: str, table: dict[str, set[str]]) -> set[tuple[str, str, str,
 
 
 def lease(namespace: str, name: str) -> set[tuple[str, str, str, str]]:
-    """Leader election: create a Lease (create takes no resourceNames), read and renew its own."""
-    return {(namespace, "coordination.k8s.io/leases", "create", "*")} | {
+    """Leader election: create a Lease (create takes no resourceNames), read and renew its own,
+    and read the release's Deployment (of the same name), the Lease's owner, for its UID."""
+    return {(namespace, "coordination.k8s.io/leases", "create", "*"),
+            (namespace, "apps/deployments", "get", name)} | {
         (namespace, "coordination.k8s.io/leases", v, name) for v in ("get", "update")
     }
 
@@ -219,6 +221,7 @@ def test_deployment_runs_the_pinned_image_under_restricted_pod_security(
     assert env["TOPOTRAIN_NAMESPACES"] == ""
     assert env["TOPOTRAIN_LEASE_NAME"] == "topotrain"
     assert env["TOPOTRAIN_LEASE_NAMESPACE"] == "topotrain-system"
+    assert env["TOPOTRAIN_LEASE_OWNER"] == deployment["metadata"]["name"]  # uninstall deletes the Lease
     assert (env["TOPOTRAIN_LEASE_DURATION"], env["TOPOTRAIN_RENEW_DEADLINE"], env["TOPOTRAIN_RETRY_PERIOD"]) == (
         "15", "10", "2")
     # Each replica is named in the Lease by its pod's name.
@@ -266,7 +269,7 @@ def test_standalone_mode_has_no_leader_election(helm: Path, tmp_path: Path) -> N
     assert not any("coordination.k8s.io" in rule["apiGroups"] for _, _, rule in rbac_rules(docs))
     (container,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert container["args"] == ["--standalone"]
-    assert "TOPOTRAIN_LEASE_NAME" not in {e["name"] for e in container["env"]}
+    assert not {"TOPOTRAIN_LEASE_NAME", "TOPOTRAIN_LEASE_OWNER"} & {e["name"] for e in container["env"]}
 
 
 def test_two_replicas_without_leader_election_are_refused(helm: Path, tmp_path: Path) -> None:

@@ -11,9 +11,18 @@ from __future__ import annotations
 import contextlib
 import random
 from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
-from topotrain.controller.leader import Elector, LeaderTiming, LeaseConflict, LeaseRecord
+from topotrain.controller.kube import Kube
+from topotrain.controller.leader import (
+    Elector,
+    KubeLeases,
+    LeaderTiming,
+    LeaseConflict,
+    LeaseRecord,
+)
 
 TIMING = LeaderTiming(lease_duration=15.0, renew_deadline=10.0, retry_period=2.0)
 
@@ -214,3 +223,35 @@ def test_never_two_replicas_acting_under_pauses_outages_and_clock_offsets(seed: 
 def test_timing_must_let_the_leader_stop_before_its_lease_expires() -> None:
     with pytest.raises(ValueError, match="renew deadline"):
         LeaderTiming(lease_duration=10, renew_deadline=10, retry_period=2)
+
+
+class _CapturingCustom:
+    """A CustomObjectsApi stand-in (unit-test boundary) that keeps the bodies written."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+
+    def create_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        self.bodies.append(args[4])
+        return {**args[4], "metadata": {**args[4]["metadata"], "resourceVersion": "1"}}
+
+    def replace_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        self.bodies.append(args[5])
+        return {**args[5], "metadata": {**args[5]["metadata"], "resourceVersion": "2"}}
+
+
+@pytest.mark.parametrize("owner", [None, {"apiVersion": "apps/v1", "kind": "Deployment",
+                                           "name": "tt-topotrain", "uid": "u-1"}], ids=["none", "deployment"])
+def test_every_write_of_the_lease_carries_its_owner(owner: dict[str, str] | None) -> None:
+    """The chart's Deployment owns the Lease (TOPOTRAIN_LEASE_OWNER): `helm uninstall` deletes the
+    Deployment and the garbage collector the Lease; a renewal (a full replace) must keep it."""
+    custom = _CapturingCustom()
+    kube = SimpleNamespace(custom=custom)
+    store = KubeLeases(cast(Kube, kube), "ns", "tt-topotrain", 5.0, owner)
+    record = LeaseRecord(holder="a", duration_seconds=15, transitions=0, acquire_time=None,
+                         renew_time=None, resource_version="")
+    written = store.create(record)
+    store.replace(written)
+    for body in custom.bodies:
+        assert body["metadata"].get("ownerReferences") == ([owner] if owner else None)
+    assert custom.bodies[1]["metadata"]["resourceVersion"] == "1"

@@ -138,4 +138,9 @@ renew only the release's own. */}}
   resources: [leases]
   resourceNames: [{{ include "topotrain.leaseName" . | quote }}]
   verbs: [get, update]
+# the Lease's owner (TOPOTRAIN_LEASE_OWNER): this release's Deployment, read for its UID
+- apiGroups: [apps]
+  resources: [deployments]
+  resourceNames: [{{ include "topotrain.fullname" . | quote }}]
+  verbs: [get]
 {{- end }}

@@ -121,11 +121,13 @@ class Kube:
     # --- children ------------------------------------------------------------
 
     def existing(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """The wire (camelCase) metadata of a Pod, Service or ConfigMap; None when absent."""
+        """The wire (camelCase) metadata of a Pod, Service, ConfigMap, NetworkPolicy or Deployment;
+        None when absent."""
         read = {
             "Pod": self.core.read_namespaced_pod, "Service": self.core.read_namespaced_service,
             "ConfigMap": self.core.read_namespaced_config_map,
             "NetworkPolicy": self.networking.read_namespaced_network_policy,
+            "Deployment": client.AppsV1Api(self.api).read_namespaced_deployment,
         }[kind]
         obj = _unless_absent(lambda: read(name, namespace))
         return None if obj is None else self.wire_metadata(obj)

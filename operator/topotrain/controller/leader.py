@@ -28,7 +28,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -169,11 +169,21 @@ class Elector:
 
 
 class KubeLeases:
-    """The Lease `namespace/name` on the API server (through kube.py's client)."""
+    """The Lease `namespace/name` on the API server (through kube.py's client). `owner`: an
+    ownerReference every write of the Lease carries (the chart's Deployment, so that
+    `helm uninstall` leaves no Lease behind: the garbage collector deletes it with its owner)."""
 
-    def __init__(self, kube: Kube, namespace: str, name: str, timeout: float) -> None:
+    def __init__(self, kube: Kube, namespace: str, name: str, timeout: float,
+                 owner: Mapping[str, Any] | None = None) -> None:
         self.kube, self.namespace, self.name = kube, namespace, name
         self.timeout = (min(timeout, 5.0), timeout)  # a renewal never waits past the deadline
+        self.owner = dict(owner) if owner else None
+
+    def _metadata(self, **more: str) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace, **more}
+        if self.owner is not None:
+            meta["ownerReferences"] = [self.owner]
+        return meta
 
     def read(self) -> LeaseRecord | None:
         try:
@@ -188,14 +198,13 @@ class KubeLeases:
 
     def create(self, record: LeaseRecord) -> LeaseRecord:
         body = {"apiVersion": f"{LEASE_GROUP}/{LEASE_VERSION}", "kind": "Lease",
-                "metadata": {"name": self.name, "namespace": self.namespace}, "spec": _spec(record)}
+                "metadata": self._metadata(), "spec": _spec(record)}
         return self._call(lambda: self.kube.custom.create_namespaced_custom_object(
             LEASE_GROUP, LEASE_VERSION, self.namespace, "leases", body, _request_timeout=self.timeout))
 
     def replace(self, record: LeaseRecord) -> LeaseRecord:
         body = {"apiVersion": f"{LEASE_GROUP}/{LEASE_VERSION}", "kind": "Lease",
-                "metadata": {"name": self.name, "namespace": self.namespace,
-                             "resourceVersion": record.resource_version}, "spec": _spec(record)}
+                "metadata": self._metadata(resourceVersion=record.resource_version), "spec": _spec(record)}
         return self._call(lambda: self.kube.custom.replace_namespaced_custom_object(
             LEASE_GROUP, LEASE_VERSION, self.namespace, "leases", self.name, body,
             _request_timeout=self.timeout))

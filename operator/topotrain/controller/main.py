@@ -31,7 +31,7 @@ from topotrain.controller.indexes import (
 )
 from topotrain.controller.kopf_diffbase import EmptyDiffBase, change_handlers
 from topotrain.controller.kopf_finalizer import FINALIZER
-from topotrain.controller.kube import Kube, load_config
+from topotrain.controller.kube import ApiException, Kube, load_config
 from topotrain.controller.leader import Elector, KubeLeases, Leadership, LeaderTiming
 from topotrain.controller.loop import JobLoop
 from topotrain.controller.metrics import METRICS
@@ -179,6 +179,24 @@ async def job_daemon(
     await JobLoop(_operator(), (namespace or "default", name), body).run(stopped, pods, nodes)
 
 
+def _lease_owner(kube: Kube, namespace: str, deployment: str) -> dict[str, Any] | None:
+    """The ownerReference of the Deployment that owns the Lease (settings.lease_owner), or None:
+    none named, or it cannot be read (then the Lease outlives the release, as before)."""
+    if not deployment:
+        return None
+    try:
+        found = kube.existing("Deployment", namespace, deployment)
+    except ApiException as exc:
+        found, why = None, f"{exc.status} {exc.reason}"
+    else:
+        why = "not found"
+    if found is None or not found.get("uid"):
+        log.warning("the Lease's owner, Deployment %s/%s, cannot be read (%s): the Lease will not be "
+                    "deleted with it", namespace, deployment, why)
+        return None
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment, "uid": found["uid"]}
+
+
 def _leadership() -> Leadership | None:
     """The Lease this replica must hold to act, wired into the operator's writes; None when
     standalone (it always acts)."""
@@ -188,7 +206,8 @@ def _leadership() -> Leadership | None:
         METRICS.leader.set(1)
         return None
     timing = LeaderTiming(SETTINGS.lease_duration, SETTINGS.renew_deadline, SETTINGS.retry_period)
-    store = KubeLeases(op.kube, SETTINGS.lease_home(), SETTINGS.lease_name, SETTINGS.renew_deadline / 2)
+    store = KubeLeases(op.kube, SETTINGS.lease_home(), SETTINGS.lease_name, SETTINGS.renew_deadline / 2,
+                       _lease_owner(op.kube, SETTINGS.lease_home(), SETTINGS.lease_owner))
     leadership = Leadership(Elector(store, SETTINGS.identity, timing), op.leadership_changed)
     op.leader, op.kube.fence = leadership, leadership.fence
     METRICS.leader.set(0)

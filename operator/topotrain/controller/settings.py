@@ -40,6 +40,7 @@ class Settings:
     | pass_stall_seconds | TOPOTRAIN_PASS_STALL_SECONDS (/healthz fails once no job's pass has completed this long while jobs exist) | 300 |
     | lease_name | TOPOTRAIN_LEASE_NAME (the coordination.k8s.io Lease whose holder acts; "" = standalone, acts always) | topotrain |
     | lease_namespace | TOPOTRAIN_LEASE_NAMESPACE | POD_NAMESPACE, else the first watched namespace, else default |
+    | lease_owner | TOPOTRAIN_LEASE_OWNER (a Deployment in the Lease's namespace that owns the Lease: deleting it deletes the Lease; the chart names its own) | none |
     | lease_duration | TOPOTRAIN_LEASE_DURATION seconds (a standby takes over once it has seen the Lease unrenewed this long) | 15 |
     | renew_deadline | TOPOTRAIN_RENEW_DEADLINE seconds (the leader stops acting when it has not renewed for this long; < lease_duration) | 10 |
     | retry_period | TOPOTRAIN_RETRY_PERIOD seconds between tries to renew or take the Lease (< renew_deadline) | 2 |
@@ -69,6 +70,7 @@ class Settings:
     # Leader election (controller/leader.py): only the holder of this Lease runs job passes.
     lease_name: str = "topotrain"
     lease_namespace: str = ""
+    lease_owner: str = ""  # a Deployment in the Lease's namespace that owns it (the chart's)
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0
@@ -133,6 +135,7 @@ class Settings:
                                                   base.pass_stall_seconds), "TOPOTRAIN_PASS_STALL_SECONDS"),
             lease_name=env.get("TOPOTRAIN_LEASE_NAME", base.lease_name).strip(),
             lease_namespace=env.get("TOPOTRAIN_LEASE_NAMESPACE", "").strip(),
+            lease_owner=env.get("TOPOTRAIN_LEASE_OWNER", "").strip(),
             **_lease_timing(env, base),
             identity=env.get("TOPOTRAIN_IDENTITY", "").strip() or base.identity,
             s3_endpoint=env.get("TOPOTRAIN_S3_ENDPOINT") or None,
