@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import ssl
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -26,7 +27,7 @@ from testbed import components
 from testbed.binaries import REPO_ROOT
 from testbed.components import DEFAULT_NODE_LEASE_SECONDS, Layout, Ports, Settings
 from testbed.pki import ADMIN, CONTROLLER_MANAGER, KWOK, SCHEDULER, ClientIdentity, ensure_pki
-from testbed.procs import ManagedProcess, file_lock, free_port, reserve, wait_until
+from testbed.procs import ManagedProcess, claim, file_lock, free_port, reserve, wait_until
 from testbed.s3 import S3Server
 
 DEFAULT_BUCKET = "topotrain"
@@ -87,16 +88,18 @@ class Testbed:
         try:
             saved = json.loads(self._state_file.read_text())
             ports = Ports(**saved["ports"])
-            reserve(*asdict(ports).values())  # a restart binds them again
+            reserve(*asdict(ports).values(), owner=self.root)  # a restart binds them again
             return Settings(ports, saved["nodeLeaseSeconds"])
         except (OSError, KeyError, TypeError, ValueError):
             pass
+        self.root.mkdir(parents=True, exist_ok=True)
         chosen: set[int] = set()
         while len(chosen) < len(Ports.__dataclass_fields__):
-            chosen.add(free_port())
-        reserve(*chosen)
+            port = free_port()
+            if claim(port, self.root):  # another process's testbed may have picked it meanwhile
+                chosen.add(port)
+        reserve(*chosen, owner=self.root)
         settings = Settings(Ports(*sorted(chosen)), self._node_lease_seconds)
-        self.root.mkdir(parents=True, exist_ok=True)
         state = {"ports": asdict(settings.ports), "nodeLeaseSeconds": settings.node_lease_seconds}
         self._state_file.write_text(json.dumps(state, indent=2) + "\n")
         return settings
@@ -126,6 +129,29 @@ class Testbed:
 
             names = apply_topology(self.kubeconfig, topology)
             wait_nodes_ready(self.kubeconfig, names, timeout=timeout)
+
+    def start_again(self, name: str, timeout: float = 180.0) -> None:
+        """Start the stopped component `name` (of CONTROL_PLANE) again and wait until the testbed is
+        up; started again while it exits at once (its port briefly held by a process outside the
+        testbed's claims: testbed.procs.claim). Raises TimeoutError with the component's log."""
+        argv = dict(CONTROL_PLANE)[name]
+        process = self.process(name)
+        deadline = time.monotonic() + timeout
+        starts = 0
+        while True:
+            process.start(argv(self.layout, self.settings()))
+            starts += 1
+            with contextlib.suppress(TimeoutError):
+                wait_until(lambda: self.is_up() or not process.running(),
+                           timeout=max(1.0, deadline - time.monotonic()), what=f"{name} after its restart")
+            if self.is_up():
+                return
+            if time.monotonic() > deadline:
+                down = [n for n, _ in CONTROL_PLANE if not self.process(n).running()]
+                raise TimeoutError(
+                    f"the testbed was not up {timeout:.0f}s after {name} was started again ({starts} starts; "
+                    f"not running: {down or 'none'}); log {process.log_file}:\n{process.tail(30)}")
+            time.sleep(2.0)
 
     def adopt(self) -> None:
         """Take the testbed over from test sessions: they will no longer stop it at their end."""

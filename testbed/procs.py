@@ -15,6 +15,7 @@ import random
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -180,24 +181,72 @@ def group_alive(pgid: int) -> bool:
 # session 9: a trainer's rendezvous port picked during an apiserver-restart was the API server's,
 # whose start then failed ("bind: address already in use") and left the cluster without one.
 _RESERVED: set[int] = set()
+# Across processes: a port a testbed's component binds again after a restart is claimed by a file
+# named after it in PORTS_DIR, holding the owner's path (a testbed's root, an S3 server's run dir);
+# the claim holds while that path exists. CI runs several pytest processes, each with a testbed of
+# its own, and the in-process set alone let one process hand a port another process's stopped
+# API server was about to bind again (a warm run, 2026-12-07: the ghost-node test's restarted API
+# server never answered, and every later test of that process failed).
+PORTS_DIR_ENV = "TOPOTRAIN_PORTS_DIR"
 
 
-def reserve(*ports: int) -> None:
-    """Keep `ports` out of free_port's picks in this process."""
+def ports_dir() -> Path:
+    base = os.environ.get(PORTS_DIR_ENV) or tempfile.gettempdir()
+    return Path(base) / f"topotrain-ports-{os.getuid()}"
+
+
+def _holder(port: int) -> str | None:
+    """The owner path of a live claim on `port`, else None (no claim, or its owner is gone)."""
+    try:
+        owner = (ports_dir() / str(port)).read_text()
+    except OSError:
+        return None
+    return owner if owner and Path(owner).exists() else None
+
+
+def claim(port: int, owner: Path) -> bool:
+    """Claim `port` for `owner` across processes (see PORTS_DIR_ENV); True if it is `owner`'s now,
+    False if another live owner holds it. A stale claim (its owner's path gone) is taken over."""
+    directory = ports_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    path, mine = directory / str(port), str(owner)
+    for _ in range(3):
+        holder = _holder(port)
+        if holder is not None:
+            return holder == mine
+        path.unlink(missing_ok=True)  # stale, or none
+        staged = directory / f".{port}.{os.getpid()}.{random.getrandbits(32):08x}"
+        staged.write_text(mine)
+        try:
+            os.link(staged, path)  # atomic: the claim appears with its owner written, or not at all
+            return True
+        except FileExistsError:
+            continue  # another process claimed it meanwhile: read whose it is
+        finally:
+            staged.unlink(missing_ok=True)
+    return _holder(port) == mine
+
+
+def reserve(*ports: int, owner: Path | None = None) -> None:
+    """Keep `ports` out of free_port's picks in this process, and with `owner` in every process
+    (claim; a port another live owner holds stays that owner's)."""
     _RESERVED.update(ports)
+    if owner is not None:
+        for port in ports:
+            claim(port, owner)
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now and no component of this
-    process's testbed owns (reserve), taken from below the kernel's ephemeral range: a port the
-    kernel hands out (bind to 0) is also what it hands every outgoing connection as its source
-    port, so on a busy machine a client could hold it by the time the component binds it (etcd
-    once failed to start so: "address already in use")."""
+    """A TCP port on 127.0.0.1 that nothing listens on right now and no testbed component owns
+    (reserve: this process's, or claimed by any process), taken from below the kernel's
+    ephemeral range: a port the kernel hands out (bind to 0) is also what it hands every
+    outgoing connection as its source port, so on a busy machine a client could hold it by the
+    time the component binds it (etcd once failed to start so: "address already in use")."""
     low, _ = ephemeral_range()
     rng = random.SystemRandom()
     for _ in range(64):
         port = rng.randrange(max(1024, low - PORT_SPAN), low)
-        if port not in _RESERVED and _bindable(port):
+        if port not in _RESERVED and _holder(port) is None and _bindable(port):
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # all taken: any free one
         sock.bind(("127.0.0.1", 0))

@@ -49,7 +49,7 @@ class S3Server:
         self._process = ManagedProcess("versitygw", self.run_dir)
         self._port_file = self.run_dir / "versitygw.port"
         self.port = port if port is not None else self._remembered_port()
-        reserve(self.port)  # a restart binds it again
+        reserve(self.port, owner=self.run_dir)  # a restart binds it again, in any process
 
     def _remembered_port(self) -> int:
         """The port a previous start used (so restarts keep the endpoint), else a free one."""

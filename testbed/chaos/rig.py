@@ -38,7 +38,7 @@ from testbed.chaos.s3proxy import S3Proxy
 from testbed.chaos.tenant import tenant_namespace
 from testbed.chaos.workload import Workload
 from testbed.client import api_client, core_v1
-from testbed.cluster import CONTROL_PLANE, Testbed
+from testbed.cluster import Testbed
 from testbed.components import AUDIT_POLICY, KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE
 from testbed.harness_stack import CREDENTIALS_SECRET, S3Target, Stack
 from testbed.kueue import KueueStack
@@ -305,20 +305,8 @@ class Rig:
         return self.workload.job_names()
 
     def start_apiserver(self, timeout: float = 180.0) -> None:
-        """Start the API server again and wait until it answers; started again while it exits at
-        once (its port held by a process outside this one's reservations, testbed.procs.reserve)."""
-        argv = dict(CONTROL_PLANE)["kube-apiserver"]
-        process = self.bed.process("kube-apiserver")
-        deadline = time.monotonic() + timeout
-        while True:
-            process.start(argv(self.bed.layout, self.bed.settings()))
-            wait_until(lambda: self.bed.is_up() or not process.running(),
-                       timeout=max(1.0, deadline - time.monotonic()), what="kube-apiserver after its restart")
-            if self.bed.is_up():
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"kube-apiserver did not start again in {timeout:.0f}s")
-            time.sleep(2.0)
+        """Start the API server again and wait until the testbed is up (Testbed.start_again)."""
+        self.bed.start_again("kube-apiserver", timeout)
 
     def recreate_node(self, raw: Any) -> None:
         """Create a deleted node again from its saved object: same labels and GPUs, KWOK's again."""

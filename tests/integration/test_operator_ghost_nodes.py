@@ -21,10 +21,8 @@ import pytest
 from operator_support import Cluster, OperatorProcess, install_crd, wait_for
 from topotrain.controller.process import STARTUP_SECONDS
 
-from testbed.cluster import CONTROL_PLANE
 from testbed.kube import Kube
 from testbed.nodes import delete_node
-from testbed.procs import wait_until
 from testbed.tcpproxy import TcpProxy
 
 pytestmark = pytest.mark.integration
@@ -61,10 +59,8 @@ def test_a_node_deleted_while_the_watch_was_away_leaves_the_fleet_and_no_gang_is
         proxy.cut()  # the operator's watches are away from here
         delete_node(kube.kubeconfig, free)
         wait_for(f"{free} deleted", lambda: free not in {n.metadata.name for n in kube.core.list_node().items})
-        apiserver = testbed.process("kube-apiserver")
-        apiserver.stop()  # its watch cache starts after the deletion: a resumed watch is "410 Gone"
-        apiserver.start(dict(CONTROL_PLANE)["kube-apiserver"](testbed.layout, testbed.settings()))
-        wait_until(testbed.is_up, timeout=180, what="kube-apiserver after its restart")
+        testbed.process("kube-apiserver").stop()  # its watch cache starts after the deletion: a resumed watch is "410 Gone"
+        testbed.start_again("kube-apiserver")
         cut_at = time.monotonic()
         proxy.restore()
 

@@ -4,8 +4,12 @@ to start with "address already in use" on a busy machine)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +39,37 @@ def test_a_reserved_port_is_never_handed_out_while_its_component_is_stopped(monk
     monkeypatch.setattr(procs, "_RESERVED", set())
     procs.reserve(pair[0])
     assert {free_port() for _ in range(20)} == {pair[1]}
+
+
+def test_a_port_another_process_testbed_claims_is_never_handed_out_until_that_testbed_is_gone(
+        monkeypatch: Any, tmp_path: Path) -> None:
+    """A warm CI run (2026-12-07): two pytest processes, each with a testbed of its own; the
+    in-process reservation alone could not keep one process from handing out the port of the
+    other's API server while a test restarted it. Here another process claims a port for its
+    testbed's root; this one never picks it, cannot claim it, and takes it over once that root
+    is gone."""
+    low = ephemeral_range()[0]
+    pair = [low - 2, low - 1]
+    if not all(procs._bindable(p) for p in pair):
+        pytest.skip(f"ports {pair} are in use on this machine")
+    monkeypatch.setenv(procs.PORTS_DIR_ENV, str(tmp_path / "claims"))
+    monkeypatch.setattr(procs, "PORT_SPAN", 2)
+    monkeypatch.setattr(procs, "_RESERVED", set())
+    theirs, mine = tmp_path / "their-testbed", tmp_path / "my-testbed"
+    theirs.mkdir()
+    mine.mkdir()
+    other = subprocess.run(
+        [sys.executable, "-c", f"from pathlib import Path; from testbed import procs; "
+                               f"print(procs.claim({pair[0]}, Path({str(theirs)!r})))"],
+        env={**os.environ, procs.PORTS_DIR_ENV: str(tmp_path / "claims")}, capture_output=True, text=True,
+        check=True)
+    assert other.stdout.strip() == "True", other
+    assert {free_port() for _ in range(20)} == {pair[1]}
+    assert not procs.claim(pair[0], mine)
+    assert procs.claim(pair[1], mine)
+    shutil.rmtree(theirs)  # their testbed is gone: the claim lapses
+    assert procs.claim(pair[0], mine)
+    assert not procs.claim(pair[0], theirs)  # now mine, against any other owner
 
 
 def test_ephemeral_range_falls_back_to_linux_default(tmp_path: Path) -> None:
