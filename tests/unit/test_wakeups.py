@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 from topotrain.api.spec import TrainingJobSpec
 from topotrain.api.status import CurrentParallelism, TrainingJobStatus
-from topotrain.controller.loop import wants_capacity
-from topotrain.controller.process import Operator
+from topotrain.controller.process import Operator, wants_capacity
 from topotrain.controller.settings import Settings
 
 SPEC = TrainingJobSpec.model_validate({

@@ -15,27 +15,35 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 
 from topotrain.api.spec import TrainingJobSpec
-from topotrain.api.status import ConditionType, JobTemplateStatus, Reason, TrainingJobStatus
+from topotrain.api.status import JobTemplateStatus, Reason, TrainingJobStatus
 from topotrain.controller.act import Actuator, acts
 from topotrain.controller.health import PASSES
-from topotrain.controller.indexes import IndexedNodes, JobKey, index_values, job_pods_key
+from topotrain.controller.indexes import JobKey
 from topotrain.controller.kopf_finalizer import finalizer_shown
 from topotrain.controller.leader import STALE
+from topotrain.controller.look import WatchLook
 from topotrain.controller.metrics import METRICS
 from topotrain.controller.observe import Observer
-from topotrain.controller.process import Operator
+from topotrain.controller.process import Operator, wants_capacity
 from topotrain.controller.queue_link import QueueLink, QueueView, admitted_spec, queue_name
 from topotrain.controller.snapshot import Snapshot
 from topotrain.core import reconcile as rec
 from topotrain.core import templates, transitions
-from topotrain.core.decision import Decision, Observed, PodsAccepted, Refusal
+from topotrain.core.decision import (
+    Decision,
+    NeedsRankTable,
+    Observed,
+    PodsAccepted,
+    Refusal,
+    Unread,
+)
 from topotrain.core.kueue_admission import lost_assigned, within_assignment
 from topotrain.core.manifests import template_hash
 from topotrain.core.multikueue import Manager, manager_of
@@ -70,6 +78,7 @@ class JobLoop:
         self.queue_view: QueueView | None = None  # this pass's reading of the Kueue Workload
         self.version: str | None = None  # the job's resourceVersion this loop's next write tests
         self.job_template: JobTemplateStatus | None = None  # this pass's (core/templates.py)
+        self.first_pass = True
 
     async def run(self, stopped: kopf.DaemonStopped, pods: kopf.Index[str, Any],
                   nodes: kopf.Index[str, Any]) -> None:
@@ -135,8 +144,7 @@ class JobLoop:
             spec = admitted_spec(spec, view)
             self.observer.run_uid = self.uid if view is None or view.run_uid is None else view.run_uid
         problem, ckpt = await self.op.store_calls.checkpoint(self.observer, self.key, spec, status)
-        owned, table = await asyncio.to_thread(
-            self.observer.children, self.key, self.actuator.problem is not None)
+        owned, table = await self._children()
         look = WatchLook(self.op, self.key, pods, nodes)
         decision, nodes_used, ckpt = await self._decision(spec, status, look, ckpt, table, problem or owned)
         decided = time.perf_counter()
@@ -175,7 +183,7 @@ class JobLoop:
         return raw_status
 
     async def _decision(self, spec: TrainingJobSpec, status: TrainingJobStatus, look: WatchLook,
-                        ckpt: CheckpointView | None, table: RankTable | None,
+                        ckpt: CheckpointView | None, table: RankTable | Unread | None,
                         problem: tuple[str, str] | None,
                         ) -> tuple[Decision, frozenset[str], CheckpointView | None]:
         """The pass's decision, the nodes it uses, and the checkpoint view it was taken on."""
@@ -188,14 +196,26 @@ class JobLoop:
         # ledger before the lock is released, so another job's plan never takes their GPUs; the
         # status write and the pod changes run after it, so one job's slow API call never holds
         # up every other job.
+        # The rank table (an API GET) is read only when a decision asks for it (NeedsRankTable:
+        # a restart, an in-place replacement, a gang still being created) or before one that
+        # plans: a Running job's passes never need it.
         decision: Decision | None = None
         nodes_used: frozenset[str] = frozenset()
-        try:
-            decision, nodes_used, claims = await asyncio.to_thread(
-                self._decide, spec, status, look.take(), ckpt, table, problem, probe=True)
-        except WouldPlan:
-            claims = True
-        for fresh_read in (False, True) if claims or decision is None or decision.relabel is not None else ():
+        claims = False
+        for _ in range(2):
+            try:
+                decision, nodes_used, claims = await asyncio.to_thread(
+                    self._decide, spec, status, look.take(), ckpt, table, problem, probe=True)
+                break
+            except WouldPlan:
+                claims = True
+                break
+            except NeedsRankTable:
+                table, problem = await self._read_table(problem)
+        locked = claims or decision is None or decision.relabel is not None
+        if locked and isinstance(table, Unread):  # never read under the lock
+            table, problem = await self._read_table(problem)
+        for fresh_read in (False, True) if locked else ():
             async with self.op.plan_lock:
                 # In the planner's own thread, in one hop: the lock is never held while the
                 # decision waits for a worker thread behind other jobs' API calls (a burst of new
@@ -210,6 +230,20 @@ class JobLoop:
         if decision is None:  # not reached: the lock's loop decides whenever the first look did not
             raise RuntimeError(f"{self.key}: no decision")
         return decision, nodes_used, ckpt
+
+    async def _children(self) -> tuple[tuple[str, str] | None, RankTable | Unread | None]:
+        """The ownership problem of the job's children, and its rank table on the loop's first
+        pass only: later passes read it when a decision asks (_decision)."""
+        first, self.first_pass = self.first_pass, False
+        return await asyncio.to_thread(self.observer.children, self.key, self.actuator.problem is not None, first)
+
+    async def _read_table(self, problem: tuple[str, str] | None
+                          ) -> tuple[RankTable | None, tuple[str, str] | None]:
+        """The rank table a decision asked for, and the pass's ownership problem (a ConfigMap of
+        another owner under its name is one)."""
+        owned, table = await asyncio.to_thread(self.observer.children, self.key, False, True)
+        assert not isinstance(table, Unread)
+        return table, problem or owned
 
     async def _act(self, look: WatchLook, spec: TrainingJobSpec, view: QueueView | None,
                    decision: Decision) -> None:
@@ -249,7 +283,7 @@ class JobLoop:
 
     def _decide(self, spec: TrainingJobSpec, status: TrainingJobStatus,
                 take: Callable[[], Snapshot],
-                ckpt: CheckpointView | None, table: RankTable | None,
+                ckpt: CheckpointView | None, table: RankTable | Unread | None,
                 problem: tuple[str, str] | None, probe: bool = False
                 ) -> tuple[Decision, frozenset[str], bool]:
         """Snapshot (`take`: WatchLook's) and decide (pure, CPU only): run in a worker thread.
@@ -267,7 +301,7 @@ class JobLoop:
 
     def _decide_locked(self, spec: TrainingJobSpec, status: TrainingJobStatus,
                        take: Callable[[], Snapshot], ckpt: CheckpointView | None,
-                       table: RankTable | None, problem: tuple[str, str] | None,
+                       table: RankTable | Unread | None, problem: tuple[str, str] | None,
                        fresh_read: bool) -> tuple[Decision, frozenset[str], bool]:
         """Under the plan lock: decide and, unless the checkpoint view is stale for a launch or
         an in-place restart (then the store is read again first), record the launch's pods in
@@ -281,7 +315,7 @@ class JobLoop:
         return decision, nodes_used, stale
 
     def _observed(self, spec: TrainingJobSpec, status: TrainingJobStatus, snapshot: Snapshot,
-                  ckpt: CheckpointView | None, table: RankTable | None,
+                  ckpt: CheckpointView | None, table: RankTable | Unread | None,
                   problem: tuple[str, str] | None, probe: bool = False) -> Observed:
         labels = self.op.settings.labels
         tolerations = [t.to_wire() for t in spec.worker.tolerations]
@@ -350,50 +384,3 @@ class JobLoop:
         if ckpt is not None and ckpt.time is not None:
             age = (datetime.now(UTC) - ckpt.time).total_seconds()
             METRICS.checkpoint_age.labels(namespace, name).set(max(0.0, age))
-
-
-def wants_capacity(status: TrainingJobStatus, spec: TrainingJobSpec) -> bool:
-    """Whether GPUs freed anywhere, or any node changing, may let this job move on: every job
-    that is not Running (waiting to be placed, recovering, starting), and a Running job below its
-    wanted data degree (it may grow). A finished or suspended job, or one Running at full size,
-    needs neither (un-suspending is a spec change, which wakes the job itself)."""
-    if status.phase in ("Succeeded", "Failed", "Suspended"):
-        return False
-    admitted = status.condition(ConditionType.ADMITTED)
-    if admitted is not None and admitted.status != "True":
-        return False  # Kueue decides when it may start; its Workload's events wake it
-    if status.phase != "Running":
-        return True
-    running = status.parallelism.data if status.parallelism else None
-    return running is not None and running < spec.parallelism.data
-
-
-
-class WatchLook:
-    """What one job's pass reads from the watch indexes: with the operator's fleet, a scoped
-    snapshot (the job's pods, nodes found by name); without one, every node and pod."""
-
-    def __init__(self, op: Operator, key: JobKey, pods: kopf.Index[Any, Any],
-                 nodes: kopf.Index[Any, Any]) -> None:  # fmt: skip
-        self.op, self.key, self._pods, self._nodes = op, key, pods, nodes
-        self.pods: list[Mapping[str, Any]] = []  # this look's pods (ghosts left out)
-
-    def take(self) -> Callable[[], Snapshot]:
-        """Read the indexes now (in the event loop, where they change); the snapshot is built
-        by the returned function in a worker thread."""
-        op, ghosts = self.op, self.op.ghosts.current()
-        fleet = op.fleet
-        if fleet is None or fleet.levels != op.settings.labels:
-            nodes = op.node_ghosts.drop(index_values(self._nodes))
-            self.pods = op.ghosts.drop(index_values(self._pods))
-            pods = self.pods
-            return lambda: Snapshot.take(nodes, pods, op.ledger, fleet, ghosts)
-        self.pods = op.ghosts.drop(index_values(self._pods, job_pods_key(self.key)), every=False)
-        pods, index, lookup = self.pods, self._pods, IndexedNodes(self._nodes, op.node_ghosts.current())
-
-        def shown(job: JobKey, pod: tuple[str, str]) -> bool:
-            store = index.get(job_pods_key(job))
-            return store is not None and any(p["metadata"]["name"] == pod[1] and p["metadata"].get("uid") not in ghosts
-                                             for p in list(store))  # fmt: skip
-
-        return lambda: Snapshot.for_job(lookup, pods, op.ledger, fleet, shown, ghosts)

@@ -34,6 +34,7 @@ from topotrain.controller.indexes import JobKey
 from topotrain.controller.kube import Kube
 from topotrain.controller.settings import Settings
 from topotrain.core import resume
+from topotrain.core.decision import UNREAD, Unread
 from topotrain.core.ownership import (
     ForeignObject,
     ResumePolicy,
@@ -141,11 +142,13 @@ class Observer:
         self.took_over = claim.took_over
         return claim.problem
 
-    def children(self, key: JobKey, recheck: bool = False) -> tuple[Problem, RankTable | None]:
+    def children(self, key: JobKey, recheck: bool = False, table: bool = True
+                 ) -> tuple[Problem, RankTable | Unread | None]:
         """(ownership problem, rank table): the Service and the ConfigMap are absent or ours.
 
         The Service is read until it is seen to be ours, and again when `recheck` (the
-        Actuator met a foreign object last pass); the rank table is read every pass anyway.
+        Actuator met a foreign object last pass); the rank table when `table` or `recheck`, else
+        UNREAD (a decision that needs it asks: JobLoop._decision).
         """
         namespace, name = key
         uid = self.uid or None
@@ -156,7 +159,7 @@ class Observer:
                 if meta is not None and not owned_by(meta, uid):
                     raise ForeignObject("Service", namespace, name, controller_owner(meta), name)
                 self._service_ours = meta is not None
-            return None, self.kube.rank_table(namespace, name, uid)
+            return None, self.kube.rank_table(namespace, name, uid) if table or recheck else UNREAD
         except ForeignObject as exc:
             return exc.problem, None
 

@@ -19,7 +19,8 @@ from typing import Any
 
 import kopf
 
-from topotrain.api.status import TrainingJobStatus
+from topotrain.api.spec import TrainingJobSpec
+from topotrain.api.status import ConditionType, TrainingJobStatus
 from topotrain.controller.fleet import Fleet
 from topotrain.controller.indexes import JobKey, index_values, job_of
 from topotrain.controller.kube import Kube
@@ -213,3 +214,19 @@ class Operator:
         """The status this object's loop last wrote (None: none, or it was a namesake's)."""
         entry = self.written.get(key)
         return entry[1] if entry is not None and entry[0] == uid else None
+
+
+def wants_capacity(status: TrainingJobStatus, spec: TrainingJobSpec) -> bool:
+    """Whether GPUs freed anywhere, or any node changing, may let this job move on: every job
+    that is not Running (waiting to be placed, recovering, starting), and a Running job below its
+    wanted data degree (it may grow). A finished or suspended job, or one Running at full size,
+    needs neither (un-suspending is a spec change, which wakes the job itself)."""
+    if status.phase in ("Succeeded", "Failed", "Suspended"):
+        return False
+    admitted = status.condition(ConditionType.ADMITTED)
+    if admitted is not None and admitted.status != "True":
+        return False  # Kueue decides when it may start; its Workload's events wake it
+    if status.phase != "Running":
+        return True
+    running = status.parallelism.data if status.parallelism else None
+    return running is not None and running < spec.parallelism.data

@@ -11,6 +11,7 @@ attempt) and writes the status once.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,6 +24,21 @@ from topotrain.core.kueue_admission import QueueGate
 from topotrain.core.planning import Planner
 from topotrain.core.rank_table import RankTable
 from topotrain.core.reconcile_status import CheckpointView
+
+
+class NeedsRankTable(Exception):
+    """A decision taken before the job's rank table was read asked for it: the pass reads it
+    (an API call, never made while deciding) and decides again. Most passes never ask (a Running
+    job's heartbeat), so they make no GET for it (JobLoop._decision)."""
+
+
+class Unread(enum.Enum):
+    """`Observed.rank_table` not read yet: `Observed.ranks()` raises NeedsRankTable."""
+
+    RANK_TABLE = "unread"
+
+
+UNREAD = Unread.RANK_TABLE
 
 
 @dataclass(frozen=True)
@@ -56,7 +72,9 @@ class Observed:
     planner: Planner
     now: datetime
     checkpoint: CheckpointView | None = None  # None: the job has no spec.checkpoint
-    rank_table: RankTable | None = None
+    # The job's rank table (None: there is none), or UNREAD: read only if a decision asks for it
+    # (ranks()).
+    rank_table: RankTable | Unread | None = None
     config_problem: tuple[str, str] | None = None  # (reason, message)
     strategy: str = "incremental"  # or "recreate" (the full-gang baseline)
     last_refusal: datetime | None = None  # when the API server last refused this job's pods
@@ -78,6 +96,12 @@ class Observed:
     took_over: PrefixOwner | None = None
     # The TrainingJobTemplate generation the spec was resolved over (core/templates.py).
     job_template: JobTemplateStatus | None = None
+
+    def ranks(self) -> RankTable | None:
+        """The job's rank table (None: there is none); raises NeedsRankTable where it was not read."""
+        if isinstance(self.rank_table, Unread):
+            raise NeedsRankTable
+        return self.rank_table
 
 
 @dataclass(frozen=True)

@@ -283,7 +283,7 @@ def _finish_creating(
             return
         decision.release = [p.name for p in live]
         return
-    table = obs.rank_table
+    table = obs.ranks()
     resumes = {p.resume_step for p in live}
     if (table is not None and table.attempt == attempt and all(i in table.assignments for i in missing)
             and len(resumes) == 1 and newer_commit(obs, _step(next(iter(resumes)))) is None):

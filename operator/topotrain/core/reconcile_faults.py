@@ -55,7 +55,7 @@ def on_failure(
     decision.restart_reason = failure.reason
     sb.restarting(verdict, attempt + 1, failure.kind)
     previous = {p.index: p.where for p in current if p.where}
-    table = obs.rank_table
+    table = obs.ranks()
     if table is not None and table.attempt == attempt:
         # Pods that vanished (deleted, evicted) are no longer in `current`: the attempt's
         # placement says where they ran, so the re-plan sees the whole gang.

@@ -44,7 +44,7 @@ def in_place_plan(
         return None, None  # the spec changed: kept pods would run the old one beside the new
     data = sb.status.parallelism.data if sb.status.parallelism else obs.spec.parallelism.data
     expected = elastic.pods_for(obs.spec.parallelism, data, obs.spec.worker.gpus_per_pod)
-    table = obs.rank_table
+    table = obs.ranks()
     placed = dict(table.assignments) if table is not None and table.attempt == attempt else None
     previous = {**(placed or {}), **{p.index: p.where for p in current if p.where}}
     outcome = _relocated(obs, sb, previous, data) if failure.lost_nodes else None
@@ -141,7 +141,7 @@ def _recreate_on_new_spec(
     decision.relabel = None
     decision.delete += [p.name for p in current if not p.terminating]
     # The gang's placement: the rank table's, where the failed pods ran, where the kept ones run.
-    table = obs.rank_table
+    table = obs.ranks()
     previous = {**(table.assignments if table is not None else {}),
                 **{p.index: p.where for p in obs.pods if p.attempt == attempt - 1 and p.where},
                 **{p.index: p.where for p in current if p.where}}  # fmt: skip
@@ -172,7 +172,7 @@ def replace_in_place(
     if obs.config_problem is None and _stale(obs, current):
         _recreate_on_new_spec(obs, sb, decision, attempt, current)
         return
-    table = obs.rank_table
+    table = obs.ranks()
     assignments = {p.index: p.where for p in current if p.where}
     # Where the failed pod ran (the crashed pod is kept for its logs; else the rank table).
     before = {p.index: p.where for p in obs.pods if p.attempt == attempt - 1 and p.where}

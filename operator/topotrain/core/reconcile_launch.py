@@ -135,7 +135,7 @@ def _plan(obs: Observed, sb: StatusBuilder, previous: Mapping[int, str] | None) 
 def _plan_on(obs: Observed, sb: StatusBuilder, previous: Mapping[int, str] | None,
              planner: Planner, avoiding: bool) -> PlanOutcome:  # fmt: skip
     low, high = elastic.bounds(obs.spec.parallelism)
-    table = obs.rank_table
+    table = obs.ranks()
     if previous is None and table is not None and table.attempt < sb.status.attempt:
         previous = table.assignments
     recovering = sb.status.recovery is not None and sb.status.recovery.started is not None
