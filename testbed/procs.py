@@ -227,13 +227,20 @@ def claim(port: int, owner: Path) -> bool:
     return _holder(port) == mine
 
 
+# (port, owner) claims this process has made while the owner's path existed: not made again on
+# every Testbed.settings() (each readiness poll reads the settings).
+_CLAIMED: set[tuple[int, str]] = set()
+
+
 def reserve(*ports: int, owner: Path | None = None) -> None:
     """Keep `ports` out of free_port's picks in this process, and with `owner` in every process
     (claim; a port another live owner holds stays that owner's)."""
     _RESERVED.update(ports)
-    if owner is not None:
-        for port in ports:
-            claim(port, owner)
+    if owner is None:
+        return
+    for port in ports:
+        if (port, str(owner)) not in _CLAIMED and claim(port, owner) and owner.exists():
+            _CLAIMED.add((port, str(owner)))
 
 
 def free_port() -> int:

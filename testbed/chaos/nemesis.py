@@ -294,7 +294,7 @@ class Nemesis(MoreFaults, TenantFaults, KueueFaults):
     def _apiserver_restart(self, fault: Fault) -> None:
         self._record(fault, self.rig.job_names())
         self.rig.bed.process("kube-apiserver").stop()
-        self.rig.start_apiserver()
+        self.rig.bed.start_again("kube-apiserver")
         self._heal(fault)
 
     def _operator_kill(self, fault: Fault) -> None:

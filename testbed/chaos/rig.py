@@ -304,10 +304,6 @@ class Rig:
     def job_names(self) -> list[str]:
         return self.workload.job_names()
 
-    def start_apiserver(self, timeout: float = 180.0) -> None:
-        """Start the API server again and wait until the testbed is up (Testbed.start_again)."""
-        self.bed.start_again("kube-apiserver", timeout)
-
     def recreate_node(self, raw: Any) -> None:
         """Create a deleted node again from its saved object: same labels and GPUs, KWOK's again."""
         node = json.loads(raw.data)

@@ -241,8 +241,7 @@ class JobLoop:
                           ) -> tuple[RankTable | None, tuple[str, str] | None]:
         """The rank table a decision asked for, and the pass's ownership problem (a ConfigMap of
         another owner under its name is one)."""
-        owned, table = await asyncio.to_thread(self.observer.children, self.key, False, True)
-        assert not isinstance(table, Unread)
+        owned, table = await asyncio.to_thread(self.observer.rank_table, self.key)
         return table, problem or owned
 
     async def _act(self, look: WatchLook, spec: TrainingJobSpec, view: QueueView | None,

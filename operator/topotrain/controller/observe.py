@@ -159,7 +159,14 @@ class Observer:
                 if meta is not None and not owned_by(meta, uid):
                     raise ForeignObject("Service", namespace, name, controller_owner(meta), name)
                 self._service_ours = meta is not None
-            return None, self.kube.rank_table(namespace, name, uid) if table or recheck else UNREAD
+        except ForeignObject as exc:
+            return exc.problem, None
+        return self.rank_table(key) if table or recheck else (None, UNREAD)
+
+    def rank_table(self, key: JobKey) -> tuple[Problem, RankTable | None]:
+        """(ownership problem, rank table): the `<job>-ranks` ConfigMap, absent or ours."""
+        try:
+            return None, self.kube.rank_table(*key, self.uid or None)
         except ForeignObject as exc:
             return exc.problem, None
 
