@@ -157,7 +157,7 @@ def run_size(bed: Testbed, proxy: RequestCounter | None, run: int, nodes: int, s
         make_namespace(api, namespace)
         if clean_up:
             stack.callback(remove_namespace, api, namespace)
-        operator = OperatorRun(bed, namespace, proxy)
+        operator = OperatorRun(bed, namespace, proxy, args.pod_binding)
         stack.callback(operator.stop)
         operator.start(timeout=args.start_timeout or max(180.0, nodes * 0.3))
         health = operator.health
@@ -319,6 +319,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--plot", type=Path, help="write an SVG of each column's growth with the fleet here")
     parser.add_argument("--interval", type=float, default=1.0, help="mean seconds between arrivals")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--pod-binding", choices=("scheduler", "operator"), default="scheduler",
+                        help="who binds the gangs' pods (the operator's --pod-binding)")
     parser.add_argument("--settle", type=float, default=15.0,
                         help="seconds without a status change after which waiting jobs count as settled")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait after the last arrival")
@@ -357,7 +359,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 shapes = job_stream(jobs[run], bigs[run], args.interval, args.seed)
                 results.append(run_size(bed, proxy, run, nodes, shapes, args, clean_up=not last))
         streams = ", ".join(f"{n} nodes: {j} jobs, big gang {b} pods" for n, j, b in zip(args.nodes, jobs, bigs, strict=True))
-        print(f"\n### Operator at scale ({streams}; seed {args.seed}, mean arrival gap {args.interval:g} s)\n")
+        print(f"\n### Operator at scale ({streams}; seed {args.seed}, mean arrival gap {args.interval:g} s; "
+              f"pods bound by the {args.pod_binding})\n")
         print_table(results)
         if args.plot and len(results) > 1:
             args.plot.write_text(growth_svg(COLUMNS, [r.row() for r in results], PLOTTED))

@@ -107,8 +107,10 @@ def remove_namespace(api: client.ApiClient, name: str, timeout: float = 180.0) -
 class OperatorRun:
     """`topotrain run` for one namespace, reached through the counting proxy when there is one."""
 
-    def __init__(self, bed: Testbed, namespace: str, proxy: RequestCounter | None) -> None:
+    def __init__(self, bed: Testbed, namespace: str, proxy: RequestCounter | None,
+                 pod_binding: str = "scheduler") -> None:
         self.bed, self.namespace, self.proxy = bed, namespace, proxy
+        self.pod_binding = pod_binding
         self.process = ManagedProcess(f"operator-{namespace}", bed.root)
         self.metrics_port, self.health_port = free_port(), free_port()
         self.health: HealthProbe | None = None
@@ -127,7 +129,8 @@ class OperatorRun:
         env.update(KUBECONFIG=str(kubeconfig), PYTHONPATH=path)
         self.process.start(
             [sys.executable, "-m", "topotrain.cli", "run", "--standalone", "--namespace", self.namespace,
-             "--metrics-port", str(self.metrics_port), "--health-port", str(self.health_port)],
+             "--metrics-port", str(self.metrics_port), "--health-port", str(self.health_port),
+             "--pod-binding", self.pod_binding],
             env=env, cwd=REPO,
         )
         began = time.monotonic()

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from operator_support import Cluster, cluster_fixture, wait_for
 
+from testbed.faults import fail_pod
 from testbed.kube import Kube
 from testbed.s3 import S3Server
 
@@ -133,3 +134,28 @@ def test_a_spec_change_is_acted_on_without_waiting_for_the_idle_recheck(idle: Cl
              timeout=120)
     status = idle.wait_phase("llm", "Running")
     assert status["observedGeneration"] == 2
+
+
+@pytest.fixture
+def binding(kube: Kube, namespace: str, tmp_path: Path) -> Iterator[Cluster]:
+    yield from cluster_fixture(kube, namespace, tmp_path, TOPOTRAIN_POD_BINDING="operator")
+
+
+def test_with_operator_binding_gangs_start_on_their_planned_nodes_without_the_scheduler(binding: Cluster) -> None:
+    """`--pod-binding operator` (docs/operator.md, "Who binds a pod"): a gang on free nodes is
+    created bound to its planned nodes, so kube-scheduler never binds it (no Scheduled event);
+    the restart after a failure, whose nodes still hold the old gang's healthy pod, is created
+    gated and bound by the scheduler once they are gone, on its planned nodes too."""
+    cluster = binding
+    nodes = cluster.add_nodes(racks=1, per_rack=2)
+    cluster.apply(cluster.manifest("llm", tensor=8, pipeline=1, data=2))
+    gang = wait_for("attempt 0 Running", lambda: cluster.running_gang("llm", 0, 2))
+    for pod in gang:
+        assert pod.spec.node_name == pod.metadata.annotations["topotrain.io/node"] and pod.spec.node_name in nodes
+        assert pod.spec.scheduling_gates in (None, [])
+    fail_pod(cluster.kube.kubeconfig, cluster.namespace, gang[1].metadata.name, exit_code=1)
+    again = wait_for("attempt 1 Running", lambda: cluster.running_gang("llm", 1, 2))
+    assert all(p.spec.node_name == p.metadata.annotations["topotrain.io/node"] for p in again)
+    events = cluster.kube.core.list_namespaced_event(cluster.namespace).items
+    scheduled = sorted(e.involved_object.name for e in events if e.reason == "Scheduled")
+    assert scheduled == ["llm-1-0", "llm-1-1"], f"kube-scheduler bound {scheduled}"

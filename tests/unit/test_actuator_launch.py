@@ -1,6 +1,7 @@
 """How the Actuator starts a gang's pods: all created gated, then released together; a single
 pod (a one-pod gang, an in-place restart's replacement) created ungated in one call, except
-under Kueue, whose own gates the release removes too."""
+under Kueue, whose own gates the release removes too; with `--pod-binding operator`, created
+bound to their planned nodes."""
 
 from __future__ import annotations
 
@@ -68,6 +69,35 @@ def test_pods_are_gated_unless_one_pod_starts_alone(pods: int, only: tuple[int, 
     assert kube.released == released
     # the ledger holds the pods as created: a gated entry would be "released" again by a pass
     assert all(bool(slim["spec"]["schedulingGates"]) is gated for _, slim in ledger.unseen(lambda *_: False))
+
+
+@pytest.mark.parametrize(("only", "release", "queued", "bound"), [
+    ((), True, False, True),  # a gang on free nodes: created bound, nothing to release
+    ((1,), True, False, True),  # one replacement pod: bound to its planned node
+    ((), True, True, False),  # under Kueue: gated for Kueue, the scheduler binds
+    ((), False, False, False),  # older pods still hold the nodes: gated, released later
+])
+def test_with_operator_binding_a_free_gang_is_created_on_its_planned_nodes(
+        only: tuple[int, ...], release: bool, queued: bool, bound: bool) -> None:
+    """`--pod-binding operator`: a gang whose nodes are free is created with spec.nodeName set to
+    each pod's planned node and no gate (no release call, no scheduler bind); a queued gang or
+    one waiting on older pods keeps the gated path."""
+    kube, ledger = RecordingKube(), Ledger()
+    actuator = Actuator(kube=kube, settings=Settings(pod_binding="operator"), ledger=ledger)  # type: ignore[arg-type]
+    actuator.queued = queued
+    launch = Launch(attempt=0, data=2, pool="H100-80GB", assignments={0: "n0", 1: "n1"},
+                    resume_step=None, mode="initial", only=only, release=release)
+    body = {"metadata": {"name": "llm", "namespace": "team", "uid": "u"}}
+    assert actuator.apply(("team", "llm"), body, spec(2), Decision(status=TrainingJobStatus(), launch=launch)) == {}
+    indices = only or (0, 1)
+    assert len(kube.created) == len(indices)
+    for manifest, i in zip(kube.created, indices, strict=True):
+        assert manifest["spec"].get("nodeName") == (f"n{i}" if bound else None)
+        assert bool(manifest["spec"].get("schedulingGates")) is not bound
+    assert kube.released == ([] if bound or not release else [f"llm-0-{i}" for i in indices])
+    # the ledger holds each bound pod on its node, as the fleet's accounting will once watched
+    held = {slim["metadata"]["name"]: slim["spec"]["nodeName"] for _, slim in ledger.unseen(lambda *_: False)}
+    assert held == {f"llm-0-{i}": (f"n{i}" if bound else None) for i in indices}
 
 
 def test_a_released_gang_is_not_released_again_while_the_watch_catches_up(monkeypatch: pytest.MonkeyPatch) -> None:

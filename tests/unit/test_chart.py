@@ -33,7 +33,8 @@ NON_DEFAULT: dict[str, Any] = {
         {"namespace": "team-a", "names": ["s3-extra"]},
     ]},
     "image": {"digest": "sha256:" + "ab" * 32},
-    "operator": {"recovery": "recreate", "verbose": True, "checkpointRequestTimeoutSeconds": 0},
+    "operator": {"recovery": "recreate", "verbose": True, "checkpointRequestTimeoutSeconds": 0,
+                 "podBinding": "operator"},
 }
 
 
@@ -242,6 +243,7 @@ def test_non_default_values_reach_the_pod(helm: Path, tmp_path: Path) -> None:
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["TOPOTRAIN_NAMESPACES"] == "team-a,team-b"
     assert env["TOPOTRAIN_RECOVERY"] == "recreate"
+    assert env["TOPOTRAIN_POD_BINDING"] == "operator"
     assert env["TOPOTRAIN_VERBOSE"] == "true"
     assert env["TOPOTRAIN_CHECKPOINT_REQUEST_TIMEOUT"] == "0"  # checkpoint-on-demand off
     # Two replicas spread over hosts unless affinity is given.

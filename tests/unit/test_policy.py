@@ -11,11 +11,10 @@ from topotrain.api.status import Reason, RestartBudgets
 from topotrain.core.policy import (
     NodeView,
     PodView,
-    backoff_seconds,
-    decide,
     detect_failure,
     stalled_failure,
 )
+from topotrain.core.restarts import backoff_seconds, decide
 
 NODES = {"a": NodeView("a"), "b": NodeView("b"), "sick": NodeView("sick", ready=False)}
 DEFAULT = FailurePolicy()
@@ -53,6 +52,25 @@ def test_detect_failure(pods: list[PodView], expected: int, reason: str | None, 
     assert (failure.reason if failure else None) == reason
     if failure:
         assert failure.retryable is retryable
+
+
+@pytest.mark.parametrize(("reason", "message"), [
+    ("OutOfnvidia.com/gpu", "Pod was rejected: Node didn't have enough resource: nvidia.com/gpu"),
+    ("NodeAffinity", "Pod was rejected: Predicate NodeAffinity failed"),
+    ("UnexpectedAdmissionError", "Pod was rejected: Allocate failed due to no healthy devices"),
+])
+def test_a_pod_its_kubelet_refused_is_an_infrastructure_failure_of_its_node(reason: str, message: str) -> None:
+    """A pod bound by the operator (`--pod-binding operator`) whose node's kubelet refuses it at
+    admission never ran: the restart counts against the infrastructure budget, not the
+    application's, and the node is blamed (re-plans avoid it after nodeFailureThreshold)."""
+    failure = detect_failure([pod(0, phase="Failed", reason=reason, message=message), pod(1, node="b")],
+                             2, NODES, DEFAULT, started=True)
+    assert failure is not None and failure.reason == Reason.POD_EVICTED and failure.retryable
+    assert failure.kind == "infrastructure" and failure.blamed == {"a"}
+    assert "refused by node a's kubelet" in failure.message and reason in failure.message
+    # a container that ran and exited is the application's, whatever the pod's reason says
+    ran = detect_failure([pod(0, phase="Failed", reason=reason, exit_code=1)], 1, NODES, DEFAULT, started=True)
+    assert ran is not None and ran.reason == Reason.POD_FAILED and ran.kind == "application"
 
 
 def test_lost_nodes_are_collected() -> None:

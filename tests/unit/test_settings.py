@@ -33,6 +33,9 @@ def test_defaults() -> None:
         ({"TOPOTRAIN_RECONCILE_INTERVAL": "2.5"}, [], "reconcile_interval", 2.5),
         ({"TOPOTRAIN_RECOVERY": "recreate"}, [], "recovery", "recreate"),
         ({}, ["--recovery", "recreate"], "recovery", "recreate"),
+        ({}, [], "pod_binding", "scheduler"),
+        ({"TOPOTRAIN_POD_BINDING": "operator"}, [], "pod_binding", "operator"),
+        ({"TOPOTRAIN_POD_BINDING": "operator"}, ["--pod-binding", "scheduler"], "pod_binding", "scheduler"),
         ({"TOPOTRAIN_MASTER_PORT": "23456"}, [], "master_port", 23456),
         ({}, [], "network_policy", False),
         ({"TOPOTRAIN_NETWORK_POLICY": "true"}, [], "network_policy", True),
@@ -56,7 +59,7 @@ def test_label_overrides() -> None:
 @pytest.mark.parametrize(
     "env",
     [{"TOPOTRAIN_METRICS_PORT": "http"}, {"TOPOTRAIN_HEALTH_PORT": "70000"},
-     {"TOPOTRAIN_RECONCILE_INTERVAL": "-1"}, {"TOPOTRAIN_RECOVERY": "fast"},
+     {"TOPOTRAIN_RECONCILE_INTERVAL": "-1"}, {"TOPOTRAIN_RECOVERY": "fast"}, {"TOPOTRAIN_POD_BINDING": "kubelet"},
      {"TOPOTRAIN_NETWORK_POLICY": "on"}, {"TOPOTRAIN_MOVE_OFF_CORDONED": "sometimes"},
      {"TOPOTRAIN_CHECKPOINT_REQUEST_TIMEOUT": "-5"}],
 )

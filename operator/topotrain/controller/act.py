@@ -33,6 +33,7 @@ from topotrain.core.manifests import (
     FIELD_OWNER,
     JobMeta,
     PodPlan,
+    bind,
     network_policy,
     pod,
     pod_name,
@@ -194,7 +195,12 @@ class Actuator:
             if launch.assignments[i] in self.tas_hosts:
                 manifest["metadata"].setdefault("annotations", {})[TAS_POD_ANNOTATION] = (
                     settings.labels.block)
-        if launch.release and len(manifests) == 1 and not self.queued:
+        if launch.release and not self.queued and settings.pod_binding == "operator":
+            # The operator binds (docs/operator.md, "Who binds a pod"): each pod is created on its
+            # planned node, so neither a gate release nor a scheduler's bind is written for it.
+            for manifest, i in zip(manifests, launch.only or sorted(launch.assignments), strict=True):
+                bind(manifest, launch.assignments[i])
+        elif launch.release and len(manifests) == 1 and not self.queued:
             # One pod is all that starts (a one-pod gang, an in-place restart's replacement): it
             # is created ungated, not gated and then released by a second API call.
             manifests[0]["spec"].pop("schedulingGates", None)

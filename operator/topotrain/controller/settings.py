@@ -20,6 +20,8 @@ from topotrain.placement.topology import TopologyLevels
 
 RecoveryStrategy = Literal["incremental", "recreate"]
 RECOVERY_STRATEGIES: tuple[RecoveryStrategy, ...] = ("incremental", "recreate")
+PodBinding = Literal["scheduler", "operator"]
+POD_BINDINGS: tuple[PodBinding, ...] = ("scheduler", "operator")
 
 
 class SettingsError(ValueError):
@@ -52,6 +54,7 @@ class Settings:
     | checkpoint_poll | TOPOTRAIN_CHECKPOINT_POLL seconds (S3 re-read while Running) | 10 |
     | resync_seconds | TOPOTRAIN_RESYNC_SECONDS (LISTs of pods and nodes against the watch cache; 0 disables) | 120 |
     | recovery | TOPOTRAIN_RECOVERY: incremental or recreate | incremental |
+    | pod_binding | TOPOTRAIN_POD_BINDING: scheduler (gated pods, kube-scheduler binds them) or operator (a gang starting on free nodes is created bound to its planned nodes; docs/operator.md, "Who binds a pod") | scheduler |
     | pod_grace_seconds | TOPOTRAIN_POD_GRACE_SECONDS (deleting a gang) | 30 |
     | network_policy | TOPOTRAIN_NETWORK_POLICY (true: a NetworkPolicy per job) | false |
     | move_off_cordoned | TOPOTRAIN_MOVE_OFF_CORDONED (a cordoned node's gang moves, checkpointing first) | true |
@@ -84,6 +87,10 @@ class Settings:
     checkpoint_poll: float = 10.0
     resync_seconds: float = 120.0
     recovery: RecoveryStrategy = "incremental"
+    # Who binds a gang's pods to the planned nodes: kube-scheduler (each pod created gated, the
+    # gate released, the scheduler's bind) or the operator (spec.nodeName at creation, when the
+    # gang is not queued and no older pod holds its nodes: two writes a pod fewer).
+    pod_binding: PodBinding = "scheduler"
     pod_grace_seconds: int = 30
     # A NetworkPolicy per job letting only the gang's own pods in; the chart turns it on.
     network_policy: bool = False
@@ -145,6 +152,7 @@ class Settings:
             checkpoint_poll=_seconds(env, "TOPOTRAIN_CHECKPOINT_POLL", base.checkpoint_poll),
             resync_seconds=_seconds(env, "TOPOTRAIN_RESYNC_SECONDS", base.resync_seconds),
             recovery=_strategy(recovery, "TOPOTRAIN_RECOVERY"),
+            pod_binding=_binding(env.get("TOPOTRAIN_POD_BINDING") or base.pod_binding, "TOPOTRAIN_POD_BINDING"),
             pod_grace_seconds=int(_seconds(env, "TOPOTRAIN_POD_GRACE_SECONDS", base.pod_grace_seconds)),
             network_policy=_flag(env, "TOPOTRAIN_NETWORK_POLICY", base.network_policy),
             move_off_cordoned=_flag(env, "TOPOTRAIN_MOVE_OFF_CORDONED", base.move_off_cordoned),
@@ -170,6 +178,8 @@ class Settings:
                 changes[name] = _check_port(value, "--" + name.replace("_", "-"))
         if getattr(args, "recovery", None):
             changes["recovery"] = _strategy(args.recovery, "--recovery")
+        if getattr(args, "pod_binding", None):
+            changes["pod_binding"] = _binding(args.pod_binding, "--pod-binding")
         if getattr(args, "verbose", False):
             changes["verbose"] = True
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -195,6 +205,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--recovery", choices=RECOVERY_STRATEGIES,
         help="incremental (default): keep healthy pods' nodes; recreate: delete the whole gang, "
         "wait until it is gone, plan from scratch",
+    )
+    parser.add_argument(
+        "--pod-binding", choices=POD_BINDINGS,
+        help="scheduler (default): gated pods bound by kube-scheduler; operator: a gang starting "
+        "on free nodes is created bound to its planned nodes (TOPOTRAIN_POD_BINDING)",
     )
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
 
@@ -270,6 +285,13 @@ def _strategy(value: str, name: str) -> RecoveryStrategy:
         if value == strategy:
             return strategy
     raise SettingsError(f"{name}={value!r}: must be one of {', '.join(RECOVERY_STRATEGIES)}")
+
+
+def _binding(value: str, name: str) -> PodBinding:
+    for binding in POD_BINDINGS:
+        if value == binding:
+            return binding
+    raise SettingsError(f"{name}={value!r}: must be one of {', '.join(POD_BINDINGS)}")
 
 
 def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:

@@ -5,7 +5,7 @@ Pure: a rule is read against `policy.Failure`, whose pod facts (container exits,
 termination reason and message) the detection copied from the failed pod. The failure the
 operator acts on comes first, then the others seen in the same pass (`Failure.others`); the
 first rule, in the spec's order, that matches any of them decides, and the failure it matched
-becomes the one recorded. No rule matches: `policy.decide`, today's behaviour, which
+becomes the one recorded. No rule matches: `restarts.decide`, today's behaviour, which
 docs/api.md writes out as the default rule set.
 """
 
@@ -18,7 +18,8 @@ from topotrain.api.failure_rules import ExitCodeMatch, FailureRule
 from topotrain.api.spec import FailurePolicy
 from topotrain.api.status import Reason, RestartBudgets
 from topotrain.core.manifests import CONTAINER
-from topotrain.core.policy import Failure, RestartDecision, decide
+from topotrain.core.policy import Failure
+from topotrain.core.restarts import RestartDecision, decide
 
 FAILED_BY_RULE = Reason.FAILED_BY_RULE
 

@@ -314,6 +314,13 @@ def template_hash(spec: TrainingJobSpec) -> str:
     return hashlib.sha256(json.dumps(wire, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def bind(manifest: dict[str, Any], node: str) -> None:
+    """Make a gated pod manifest one created bound to `node` (no gate: nothing waits to be
+    released, and no scheduler binds it; the node's kubelet still admits it or refuses it)."""
+    manifest["spec"].pop("schedulingGates", None)
+    manifest["spec"]["nodeName"] = node
+
+
 def release_patch() -> dict[str, Any]:
     """Strategic-merge-free patch removing every scheduling gate (JSON merge patch)."""
     return {"spec": {"schedulingGates": None}}

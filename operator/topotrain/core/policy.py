@@ -9,7 +9,7 @@ Failures, in the order they are reported when several happen at once:
 | a container exited with a code in `nonRetryableExitCodes` (default 78, EX_CONFIG) | NonRetryableExitCode | no |
 | a pod Failed (any other exit code, OOMKilled, ...) | PodFailed | yes |
 | a pod's supervisor reported its own trainer rank's failure in `failure.json` (warm spares; the pod stays Running, waiting to be restarted in place) | PodFailed (or NonRetryableExitCode for such a code) | yes |
-| a pod was evicted (status.reason Evicted) | PodEvicted | yes |
+| a pod was evicted (status.reason Evicted), or refused by its node's kubelet at admission (OutOf<resource>, NodeAffinity, ...: it never ran) | PodEvicted | yes |
 | a pod exited EXIT_STOPPED (75: SIGTERM, after committing a checkpoint of its current step) | PodDeleted | yes |
 | a pod was deleted, or is being deleted, by someone else | PodDeleted | yes |
 | a pod's node was deleted | NodeLost | yes |
@@ -37,10 +37,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from topotrain.api.spec import FailurePolicy
-from topotrain.api.status import Reason, RestartBudgets
+from topotrain.api.status import Reason
 from topotrain.contract import EXIT_STOPPED
 
 if TYPE_CHECKING:
@@ -132,14 +132,6 @@ class Failure:
         return INFRASTRUCTURE if self.node_fault else failure_class(self.reason)
 
 
-def backoff_seconds(policy: FailurePolicy, restart: int) -> float:
-    """Delay before restart number `restart` (1-based): exponential, capped."""
-    if restart < 1:
-        return 0.0
-    delay = policy.backoff_seconds * 2 ** min(restart - 1, 30)
-    return float(min(delay, policy.max_backoff_seconds))
-
-
 def _pod_failure(pod: PodView, non_retryable: Iterable[int]) -> Failure | None:
     where = pod.where or None
     if pod.preempted and (pod.phase == "Failed" or pod.terminating):
@@ -154,6 +146,14 @@ def _pod_failure(pod: PodView, non_retryable: Iterable[int]) -> Failure | None:
                 f"pod {pod.name} exited with code {pod.exit_code}, which is non-retryable "
                 f"(spec.failurePolicy.nonRetryableExitCodes): fix the job's configuration{_tail(pod)}",
                 retryable=False, pod=pod.name, node=where, exit_code=pod.exit_code,
+            )
+        if rejected(pod):
+            # Its node's kubelet refused it at admission (a pod the operator bound itself, whose
+            # node lost the GPUs to another pod in the meantime, say): it never ran.
+            return Failure(
+                Reason.POD_EVICTED, f"pod {pod.name} was refused by node {where}'s kubelet "
+                f"({pod.reason or 'no reason'}): {pod.message or 'no message'}",
+                pod=pod.name, node=where, blamed=frozenset({where} if where else ()),
             )
         if pod.reason == "Evicted":
             return Failure(
@@ -185,6 +185,17 @@ def _pod_failure(pod: PodView, non_retryable: Iterable[int]) -> Failure | None:
             Reason.POD_DELETED, f"pod {pod.name} is being deleted", pod=pod.name, node=where,
         )
     return None
+
+
+# The reasons a kubelet gives a pod it refuses at admission, besides OutOf<resource>.
+ADMISSION_REASONS = frozenset({"NodeAffinity", "NodeName", "UnexpectedAdmissionError", "Taint"})
+
+
+def rejected(pod: PodView) -> bool:
+    """A Failed pod its node's kubelet refused to run (no container of it ever started)."""
+    return (pod.phase == "Failed" and pod.exit_code is None and not pod.exits
+            and (pod.reason.startswith("OutOf") or pod.reason in ADMISSION_REASONS
+                 or pod.message.startswith("Pod was rejected")))
 
 
 def _tail(pod: PodView, limit: int = 400) -> str:
@@ -353,46 +364,4 @@ def stalled_failure(
         Reason.PROGRESS_STALLED,
         f"the training step has not changed for more than {limit}s (last change seen {int(idle)}s "
         "ago): the trainer hangs",
-    )
-
-
-@dataclass(frozen=True)
-class RestartDecision:
-    """What to do about a failure: restart the gang after a delay, or fail the job."""
-
-    action: Literal["restart", "fail"]
-    reason: str
-    message: str
-    delay_seconds: float = 0.0
-    restarts: int = 0  # the job's restart count after this decision
-    counted: bool = True  # False: a RestartWithoutCounting rule's restart (no budget is used)
-
-
-def used_budgets(restarts: int, by_class: RestartBudgets | None) -> RestartBudgets:
-    """Restarts per class; a status from before classes were kept counts all as application."""
-    return by_class.model_copy() if by_class is not None else RestartBudgets(application=restarts)
-
-
-def decide(failure: Failure, used: RestartBudgets, policy: FailurePolicy) -> RestartDecision:
-    """Restart or fail, given the restarts of each class made so far."""
-    total = used.application + used.infrastructure
-    if not failure.retryable:
-        return RestartDecision("fail", Reason.NON_RETRYABLE, failure.message, restarts=total)
-    infra = failure.kind == INFRASTRUCTURE
-    spent = used.infrastructure if infra else used.application
-    budget = policy.max_infrastructure_restarts if infra else policy.max_restarts
-    if spent >= budget:
-        field_name = "maxInfrastructureRestarts" if infra else "maxRestarts"
-        return RestartDecision(
-            "fail", Reason.MAX_INFRA_RESTARTS if infra else Reason.MAX_RESTARTS,
-            f"{failure.message}; spec.failurePolicy.{field_name} ({budget}) exhausted by "
-            f"{spent} {failure.kind} failure(s)",
-            restarts=total,
-        )
-    nth = spent + 1
-    delay = backoff_seconds(policy, nth)
-    return RestartDecision(
-        "restart", failure.reason,
-        f"{failure.message}; {failure.kind} restart {nth}/{budget} after {delay:g}s",
-        delay_seconds=delay, restarts=total + 1,
     )

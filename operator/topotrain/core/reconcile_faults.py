@@ -8,7 +8,7 @@ from datetime import datetime
 
 from topotrain.api.status import ConditionType as C
 from topotrain.api.status import Reason
-from topotrain.core import failure_rules, node_failures, policy
+from topotrain.core import failure_rules, node_failures, policy, restarts
 from topotrain.core.decision import Decision, Observed
 from topotrain.core.reconcile_inplace import in_place_plan, restart_in_place
 from topotrain.core.reconcile_launch import WAIT_SHORT, launch, node_ready
@@ -30,7 +30,7 @@ def on_failure(
         decision.requeue_after = min(saving, WAIT_SHORT)
         return
     failure = node_failures.charged_to_node(failure, sb.status.node_failures, obs.spec.failure_policy)
-    used = policy.used_budgets(sb.status.restarts, sb.status.restarts_by_class)
+    used = restarts.used_budgets(sb.status.restarts, sb.status.restarts_by_class)
     failure, verdict = failure_rules.decide_with_rules(failure, used, obs.spec.failure_policy)
     sb.record_failure(failure, obs.spec.failure_policy)
     keep, moved = (in_place_plan(obs, sb, attempt, current, failure) if verdict.action == "restart"

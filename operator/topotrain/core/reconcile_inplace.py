@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from topotrain.api.status import ConditionType as C
 from topotrain.api.status import Reason
-from topotrain.core import elastic, inplace, node_failures, policy
+from topotrain.core import elastic, inplace, node_failures, policy, restarts
 from topotrain.core.decision import Decision, Launch, Observed, Relabel
 from topotrain.core.planning import PlanOutcome
 from topotrain.core.reconcile_launch import (
@@ -73,7 +73,7 @@ def _relocated(
 
 def restart_in_place(
     obs: Observed, sb: StatusBuilder, decision: Decision, attempt: int,
-    verdict: policy.RestartDecision, failure: policy.Failure, keep: inplace.InPlacePlan,
+    verdict: restarts.RestartDecision, failure: policy.Failure, keep: inplace.InPlacePlan,
 ) -> None:
     """Keep the healthy pods (moved to the next attempt), replace only the failed indices."""
     nxt = attempt + 1

@@ -15,7 +15,7 @@ from datetime import timedelta
 
 from topotrain.api.status import ConditionType as C
 from topotrain.api.status import Reason
-from topotrain.core import elastic, node_failures, policy
+from topotrain.core import elastic, node_failures, restarts
 from topotrain.core.decision import Decision, Launch, Observed
 from topotrain.core.planning import Planner, PlanOutcome
 from topotrain.core.reconcile_status import REFUSAL_REASONS, StatusBuilder
@@ -42,7 +42,7 @@ def launch(
     if waiting > 0:
         failure = sb.status.last_failure
         since = sb.parse(failure.time) if failure else obs.now
-        delay = policy.backoff_seconds(obs.spec.failure_policy, sb.status.restarts)
+        delay = restarts.backoff_seconds(obs.spec.failure_policy, sb.status.restarts)
         sb.set(C.RECOVERING, True, Reason.BACKOFF,
                f"restart {sb.status.restarts} waits until {iso(since + timedelta(seconds=delay))}")
         decision.requeue_after = waiting
@@ -161,7 +161,7 @@ def backoff_left(obs: Observed, sb: StatusBuilder) -> float:
     rec, failure = st.recovery, st.last_failure
     if rec is None or rec.started is None or failure is None or failure.time != rec.started:
         return 0.0  # no failure-triggered recovery in flight (a resize has no backoff)
-    delay = policy.backoff_seconds(obs.spec.failure_policy, st.restarts)
+    delay = restarts.backoff_seconds(obs.spec.failure_policy, st.restarts)
     return max(0.0, delay - (obs.now - sb.parse(failure.time)).total_seconds())
 
 

@@ -22,7 +22,8 @@ from topotrain.api.status import ConditionType as C
 from topotrain.core import elastic
 from topotrain.core.inplace import IN_PLACE
 from topotrain.core.node_failures import avoided_nodes, record_node_failures
-from topotrain.core.policy import APPLICATION, Failure, RestartDecision, used_budgets
+from topotrain.core.policy import APPLICATION, Failure
+from topotrain.core.restarts import RestartDecision, used_budgets
 from topotrain.core.status_edits import NORMAL, WARNING, StatusEdits, iso
 
 # How a retargeted attempt's status.recovery.resumeReason begins: not a restart of its own.
