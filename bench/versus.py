@@ -86,7 +86,7 @@ def run_topotrain(bench: Bench) -> SystemResult:
     make_namespace(bench.api, namespace)
     # The filler pods' namespace too: an operator limited to namespaces indexes only their
     # pods, and would not see the GPUs the fillers hold.
-    operator = OperatorRun(bench.bed, f"{namespace},{FILLER_NAMESPACE}", None)
+    operator = OperatorRun(bench.bed, f"{namespace},{FILLER_NAMESPACE}", None, bench.args.pod_binding)
     operator.start(timeout=300, listed=bench.listed())
     try:
 
@@ -192,6 +192,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--interval", type=float, default=1.0, help="mean seconds between arrivals")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--pod-binding", choices=("scheduler", "operator"), default="scheduler",
+                        help="who binds topotrain's pods (the operator's --pod-binding); Kueue's are "
+                        "bound by kube-scheduler either way")
     parser.add_argument("--settle", type=float, default=20.0, help="seconds without a gang Running")
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--recovery-timeout", type=float, default=300.0)

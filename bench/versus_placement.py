@@ -193,7 +193,7 @@ def run_placement(bench: Bench, seeds: int, instance_timeout: float,
     install_crd(bench.api)
     make_namespace(bench.api, TOPOTRAIN_NAMESPACE)
     make_namespace(bench.api, KUEUE_NAMESPACE)
-    operator = OperatorRun(bench.bed, f"{TOPOTRAIN_NAMESPACE},{FILLER_NAMESPACE}", None)
+    operator = OperatorRun(bench.bed, f"{TOPOTRAIN_NAMESPACE},{FILLER_NAMESPACE}", None, bench.args.pod_binding)
     stack = KueueStack(bench.bed, jobset=True)
     try:
         operator.start(timeout=300, listed=bench.listed())

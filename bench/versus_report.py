@@ -57,7 +57,8 @@ def table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
 def print_report(results: Sequence[SystemResult], args: argparse.Namespace) -> int:
     ours, theirs = results
     print(f"\n### topotrain against {theirs.system}: {args.nodes} nodes, {int(args.used * 100)}% "
-          f"of GPUs held by filler pods, {args.jobs} jobs (seed {args.seed})\n")  # fmt: skip
+          f"of GPUs held by filler pods, {args.jobs} jobs (seed {args.seed}; topotrain's pods bound by the "
+          f"{getattr(args, 'pod_binding', 'scheduler')})\n")  # fmt: skip
     print(
         "Placement cost (docs/placement.md) on the nodes each gang got; pods at the size it ran\n"
     )

@@ -35,9 +35,13 @@ class WatchLook:
         self.pods = op.ghosts.drop(index_values(self._pods, job_pods_key(self.key)), every=False)
         pods, index, lookup = self.pods, self._pods, IndexedNodes(self._nodes, op.node_ghosts.current())
 
+        names: dict[JobKey, frozenset[str]] = {}  # per job, read once a look (not once a ledger entry)
+
         def shown(job: JobKey, pod: tuple[str, str]) -> bool:
-            store = index.get(job_pods_key(job))
-            return store is not None and any(p["metadata"]["name"] == pod[1] and p["metadata"].get("uid") not in ghosts
-                                             for p in list(store))  # fmt: skip
+            if job not in names:
+                store = index.get(job_pods_key(job))
+                names[job] = frozenset(p["metadata"]["name"] for p in list(store or ())
+                                       if p["metadata"].get("uid") not in ghosts)
+            return pod[1] in names[job]
 
         return lambda: Snapshot.for_job(lookup, pods, op.ledger, fleet, shown, ghosts)
