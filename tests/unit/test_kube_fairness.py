@@ -64,3 +64,29 @@ def test_the_first_failure_is_raised_after_every_call_ran() -> None:
         bounded_map(pool, call, list(range(40)))
     assert sorted(ran) == list(range(40))
     pool.shutdown()
+
+
+def test_a_small_jobs_calls_run_while_a_big_gangs_calls_hang() -> None:
+    """The gang may hold PER_GANG of the pool's workers, never all: with every one of its calls
+    stuck on a slow API server, another job's pod calls still run at once, on the workers left."""
+    assert PER_GANG < WORKERS
+    pool = ThreadPoolExecutor(WORKERS)
+    go = threading.Event()
+    in_flight = threading.Semaphore(0)
+
+    def slow(i: int) -> int:
+        in_flight.release()
+        assert go.wait(30)
+        return i
+
+    gang = threading.Thread(target=bounded_map, args=(pool, slow, list(range(100))))
+    gang.start()
+    for _ in range(PER_GANG):  # the gang's calls hold their workers
+        assert in_flight.acquire(timeout=10)
+    small = ThreadPoolExecutor(1).submit(bounded_map, pool, lambda name: name, ["small-0", "small-1"])
+    try:
+        assert small.result(timeout=10) == ["small-0", "small-1"]
+    finally:
+        go.set()
+        gang.join()
+        pool.shutdown()

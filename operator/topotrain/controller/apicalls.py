@@ -11,12 +11,14 @@ from concurrent.futures import Executor, Future, wait
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-WORKERS = 16  # parallel pod creates/deletes: a 512-pod gang in well under a second
+WORKERS = 24  # parallel pod creates/deletes: a 512-pod gang in well under a second
 # The most calls one gang's creates (or releases, deletes, patches) have queued or in flight on
-# the shared pool at once: as many as the pool has workers, so a gang alone keeps all of them
-# busy, while another job's calls wait behind at most that many of the gang's (the pool serves in
-# arrival order: a 1,024-pod gang used to queue its 2,048 calls ahead of everyone's).
-PER_GANG = WORKERS
+# the shared pool at once: two-thirds of its workers, so a gang alone keeps 16 calls in flight,
+# while another job's calls find workers free rather than waiting behind the gang's (the pool
+# serves in arrival order: a 1,024-pod gang used to queue its 2,048 calls ahead of everyone's;
+# with every worker the gang's, a job arriving during a 1,024-pod start waited behind 16 of its
+# calls for each of its own, and its pass went over a second).
+PER_GANG = 16
 PASS_THREADS = 16  # the event loop's worker threads (main.py): the passes' blocking calls
 # Connections kept alive to the API server: one for each thread that may call at once. (The
 # client's default, 5 per CPU, is 10 on two cores: a gang's 16 parallel creates beside the passes'
