@@ -43,9 +43,12 @@ def test_a_small_jobs_calls_are_not_queued_behind_a_big_gangs() -> None:
     with lock:
         before = sum(1 for name in done if name.startswith("big-"))
     thread.join()
-    # The small job waited for at most the gang's calls already queued or running (PER_GANG),
-    # not for the rest of the gang (the shared pool serves in arrival order).
-    assert before <= PER_GANG + WORKERS + 2, f"{before} of the gang's calls went first"
+    # The small job did not wait for the rest of the gang (the shared pool serves in arrival
+    # order: unbounded, all 400 went first). How many of the gang's calls finish meanwhile
+    # depends on the machine's load (its calls keep running beside the small job's, on the
+    # workers it may hold): test_a_small_jobs_calls_run_while_a_big_gangs_calls_hang shows
+    # without timing that the small job's calls need none of them to finish.
+    assert before <= len(big) // 2, f"{before} of the gang's calls went first"
     assert result == big  # the gang's answers in its own order, all of them
     pool.shutdown()
 
