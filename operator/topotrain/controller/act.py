@@ -182,25 +182,26 @@ class Actuator:
 
     def _manifests(self, job: JobMeta, spec: TrainingJobSpec, launch: Launch) -> list[dict[str, Any]]:
         settings = self.settings
+        indices = launch.only or tuple(sorted(launch.assignments))
+        # The operator binds (docs/operator.md, "Who binds a pod"): each pod is created on its
+        # planned node, so neither a gate release nor a scheduler's bind is written for it.
+        binds = launch.release and not self.queued and settings.pod_binding == "operator"
         manifests = [
             pod(job, spec, PodPlan(
                 attempt=launch.attempt, index=i, node=launch.assignments[i], data=launch.data,
                 resume_step=launch.resume_step, master_port=settings.master_port,
                 s3_endpoint=settings.s3_endpoint, master_addr=launch.master_addr,
             ))
-            for i in launch.only or tuple(sorted(launch.assignments))
+            for i in indices
         ]
-        for manifest, i in zip(manifests, launch.only or sorted(launch.assignments), strict=True):
+        for manifest, i in zip(manifests, indices, strict=True):
             manifest["metadata"].setdefault("annotations", {})[CREATED_BY_ANNOTATION] = settings.identity
             if launch.assignments[i] in self.tas_hosts:
                 manifest["metadata"].setdefault("annotations", {})[TAS_POD_ANNOTATION] = (
                     settings.labels.block)
-        if launch.release and not self.queued and settings.pod_binding == "operator":
-            # The operator binds (docs/operator.md, "Who binds a pod"): each pod is created on its
-            # planned node, so neither a gate release nor a scheduler's bind is written for it.
-            for manifest, i in zip(manifests, launch.only or sorted(launch.assignments), strict=True):
+            if binds:
                 bind(manifest, launch.assignments[i])
-        elif launch.release and len(manifests) == 1 and not self.queued:
+        if not binds and launch.release and len(manifests) == 1 and not self.queued:
             # One pod is all that starts (a one-pod gang, an in-place restart's replacement): it
             # is created ungated, not gated and then released by a second API call.
             manifests[0]["spec"].pop("schedulingGates", None)
