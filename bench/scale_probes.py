@@ -410,3 +410,25 @@ def proc_usage(pid: int) -> tuple[float, float]:
         if line.startswith("VmHWM:"):
             peak = int(line.split()[1]) / 1024
     return cpu, peak
+
+
+WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE", "APPLY")
+
+
+def server_writes(api: client.ApiClient) -> Counter[tuple[str, str]]:
+    """Every client's writes the API server has served so far, by (verb, resource), from its own
+    `apiserver_request_total` (what the operator, KWOK, the controller manager and the scheduler
+    asked of it together: where the API server's time goes beside the operator's requests)."""
+    response = api.call_api("GET", f"{api.configuration.host}/metrics")
+    response.read()
+    counts: Counter[tuple[str, str]] = Counter()
+    for line in response.data.decode().splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels_text, _, value = line[len("apiserver_request_total{"):].rpartition("} ")
+        labels = dict(part.split("=", 1) for part in labels_text.split('",') if "=" in part)
+        labels = {k: v.strip('"') for k, v in labels.items()}
+        if labels.get("verb") in WRITE_VERBS:
+            resource = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
+            counts[(labels["verb"], resource)] += int(float(value))
+    return counts
