@@ -93,6 +93,7 @@ class SizeResult:
     health: HealthProbe | None = None
     waiting: list[tuple[str, str, str]] = field(default_factory=list)  # name, phase, why ("" = none)
     pass_phases: dict[str, list[float]] = field(default_factory=dict)  # of passes that changed pods
+    slow_passes: dict[str, list[float]] = field(default_factory=dict)  # of the others over a second
     big_gang: str = ""  # where the big gang's time went (gang_timeline)
     server_writes: Counter[tuple[str, str]] = field(default_factory=Counter)  # every client's
 
@@ -179,6 +180,7 @@ def run_size(bed: Testbed, proxy: RequestCounter | None, run: int, nodes: int, s
         result.reconcile_p50, result.reconcile_p99, result.passes = operator.reconcile_quantiles()
         cpu_after, result.rss_mib = operator.usage()
         result.pass_phases = operator.pass_phases()
+        result.slow_passes = operator.slow_passes()
         result.big_gang = gang_timeline(api, namespace, shapes, recorder.records())
         result.cpu_s = cpu_after - cpu_before
         result.server_writes = server_writes(api) - writes_before
@@ -314,6 +316,10 @@ def print_table(results: list[SizeResult]) -> None:
             parts = ", ".join(f"{name} p50 {percentile(v, 0.5):.2f} s max {max(v):.2f} s"
                               for name, v in phases.items())
             print(f"passes that changed pods at {result.nodes} nodes ({len(phases['act'])}): {parts}")
+        slow = result.slow_passes
+        if slow and slow["pass"]:
+            parts = ", ".join(f"{name} p50 {percentile(v, 0.5):.2f} s max {max(v):.2f} s" for name, v in slow.items())
+            print(f"passes over 1 s that changed no pods at {result.nodes} nodes ({len(slow['pass'])}): {parts}")
         if result.server_writes:
             top = ", ".join(f"{verb} {res} {n}" for (verb, res), n in result.server_writes.most_common(10))
             print(f"API server writes at {result.nodes} nodes, every client ({sum(result.server_writes.values())}): {top}")

@@ -42,6 +42,9 @@ RECONCILE = "topotrain_reconcile_seconds"
 WATCH_EVENTS = "topotrain_watch_events_total"
 CHART_VALUES = REPO / "charts" / "topotrain" / "values.yaml"
 PASS_LINE = re.compile(r"\(observe\+decide ([\d.]+)s, status ([\d.]+)s, act ([\d.]+)s\)")
+# A pass over the operator's SLOW_PASS_SECONDS that changed no pods (controller/loop.py).
+SLOW_LINE = re.compile(r"slow pass, phase \w*: ([\d.]+)s \(observe\+decide ([\d.]+)s, status ([\d.]+)s, "
+                       r"act ([\d.]+)s\) observe ([\d.]+)s, plan lock wait ([\d.]+)s")
 # What kopf watches once its initial lists are in: the indexes are filled, jobs are served.
 WATCHES = (("watch", "nodes"), ("watch", "pods"), ("watch", "trainingjobs"))
 
@@ -197,6 +200,19 @@ class OperatorRun:
         except OSError:
             return phases
         for match in PASS_LINE.finditer(text):
+            for name, value in zip(phases, match.groups(), strict=True):
+                phases[name].append(float(value))
+        return phases
+
+    def slow_passes(self) -> dict[str, list[float]]:
+        """Seconds of the passes over a second that changed no pods, by phase (the operator's log)."""
+        phases: dict[str, list[float]] = {"pass": [], "observe+decide": [], "status": [], "act": [],
+                                          "observe": [], "plan lock wait": []}
+        try:
+            text = self.process.log_file.read_text(errors="replace")
+        except OSError:
+            return phases
+        for match in SLOW_LINE.finditer(text):
             for name, value in zip(phases, match.groups(), strict=True):
                 phases[name].append(float(value))
         return phases

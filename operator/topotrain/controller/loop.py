@@ -60,6 +60,7 @@ from topotrain.core.reconcile_status import CheckpointView
 
 log = logging.getLogger("topotrain.jobs")
 COALESCE_SECONDS = 0.02  # let a burst of watch events land before the next pass
+SLOW_PASS_SECONDS = 1.0  # a pass longer than this is logged with where its time went
 
 
 class JobLoop:
@@ -79,6 +80,7 @@ class JobLoop:
         self.version: str | None = None  # the job's resourceVersion this loop's next write tests
         self.job_template: JobTemplateStatus | None = None  # this pass's (core/templates.py)
         self.first_pass = True
+        self.lock_wait = 0.0  # seconds the last pass's decision waited for the plan lock
 
     async def run(self, stopped: kopf.DaemonStopped, pods: kopf.Index[str, Any],
                   nodes: kopf.Index[str, Any]) -> None:
@@ -145,6 +147,7 @@ class JobLoop:
             self.observer.run_uid = self.uid if view is None or view.run_uid is None else view.run_uid
         problem, ckpt = await self.op.store_calls.checkpoint(self.observer, self.key, spec, status)
         owned, table = await self._children()
+        observed = time.perf_counter()
         look = WatchLook(self.op, self.key, pods, nodes)
         decision, nodes_used, ckpt = await self._decision(spec, status, look, ckpt, table, problem or owned)
         decided = time.perf_counter()
@@ -165,7 +168,7 @@ class JobLoop:
         self.refusal = self.accepted = None  # said by this write, when there was any
         written = time.perf_counter()
         await self._act(look, spec, view, decision)
-        self._log_pass(decision, decided - started, written - decided, time.perf_counter() - written)
+        self._log_pass(decision, (started, observed, decided, written, time.perf_counter()))
         if view is not None:
             await self._settle_queue(view, decision)
         self._observe_metrics(decision, ckpt)
@@ -215,8 +218,11 @@ class JobLoop:
         locked = claims or decision is None or decision.relabel is not None
         if locked and isinstance(table, Unread):  # never read under the lock
             table, problem = await self._read_table(problem)
+        self.lock_wait = 0.0
         for fresh_read in (False, True) if locked else ():
+            waited = time.perf_counter()
             async with self.op.plan_lock:
+                self.lock_wait += time.perf_counter() - waited
                 # In the planner's own thread, in one hop: the lock is never held while the
                 # decision waits for a worker thread behind other jobs' API calls (a burst of new
                 # jobs queued each launch decision behind the others' pod creates).
@@ -271,14 +277,23 @@ class JobLoop:
             kopf.event(self.body, type=kind, reason=reason, message=message)
             log.info("%s/%s %s %s: %s", *self.key, kind, reason, message)
 
-    def _log_pass(self, decision: Decision, deciding: float, writing: float, acting: float) -> None:
+    def _log_pass(self, decision: Decision, marks: tuple[float, float, float, float, float]) -> None:
+        """Log a pass that changed pods, and any pass over SLOW_PASS_SECONDS, with where its time
+        went: observe (the job, its template, Workload, checkpoint and children), decide (of
+        which waiting for the plan lock), the status write, and the pod changes."""
+        started, observed, decided, written, ended = marks
+        times = (decided - started, written - decided, ended - written, observed - started, self.lock_wait)
         if decision.launch or decision.delete or decision.release or decision.relabel:
             launch = decision.launch
             log.info("%s/%s phase %s: delete %d, create %s, release %d "
-                     "(observe+decide %.2fs, status %.2fs, act %.2fs)", *self.key,
-                     decision.status.phase, len(decision.delete),
+                     "(observe+decide %.2fs, status %.2fs, act %.2fs) observe %.2fs, plan lock wait %.2fs",
+                     *self.key, decision.status.phase, len(decision.delete),
                      f"attempt {launch.attempt} x{len(launch.only or launch.assignments)}" if launch else "-",
-                     len(decision.release), deciding, writing, acting)
+                     len(decision.release), *times)
+        elif ended - started > SLOW_PASS_SECONDS:
+            log.info("%s/%s slow pass, phase %s: %.2fs (observe+decide %.2fs, status %.2fs, act %.2fs) "
+                     "observe %.2fs, plan lock wait %.2fs", *self.key, decision.status.phase, ended - started,
+                     *times)
 
     def _decide(self, spec: TrainingJobSpec, status: TrainingJobStatus,
                 take: Callable[[], Snapshot],
