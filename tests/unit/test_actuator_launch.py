@@ -30,6 +30,10 @@ class RecordingKube:
     def apply(self, manifest: dict[str, Any]) -> None:
         pass
 
+    def apply_all(self, manifests: list[dict[str, Any]]) -> None:
+        for manifest in manifests:
+            self.apply(manifest)
+
     def create_pods(self, manifests: list[dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
         self.created += manifests
         return [m["metadata"]["name"] for m in manifests], {}

@@ -47,6 +47,10 @@ class FencedKube:
     def apply(self, manifest: Mapping[str, Any]) -> None:
         self.pod_calls.append(f"apply {manifest['kind']}")
 
+    def apply_all(self, manifests: list[Mapping[str, Any]]) -> None:
+        for manifest in manifests:
+            self.apply(manifest)
+
     def create_pods(self, manifests: list[dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
         self.pod_calls += [f"create {m['metadata']['name']}" for m in manifests]
         return [m["metadata"]["name"] for m in manifests], {}

@@ -142,6 +142,10 @@ class RefusingKube:
     def apply(self, manifest: Mapping[str, Any]) -> None:
         return None
 
+    def apply_all(self, manifests: list[Mapping[str, Any]]) -> None:
+        for manifest in manifests:
+            self.apply(manifest)
+
     def create_pods(self, manifests: list[dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
         names = [m["metadata"]["name"] for m in manifests]
         if self.refuse:

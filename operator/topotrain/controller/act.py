@@ -211,12 +211,16 @@ class Actuator:
         self, key: JobKey, job: JobMeta, spec: TrainingJobSpec, launch: Launch,
     ) -> dict[str, str]:
         settings = self.settings
-        self.kube.apply(service(job, settings.master_port))
+        children = [service(job, settings.master_port)]
         if settings.network_policy:
-            self.kube.apply(network_policy(job, spec.metrics_port))
+            children.append(network_policy(job, spec.metrics_port))
         if not launch.only or launch.in_place:
-            self.kube.apply(rank_table(job, spec, launch.attempt, launch.data, launch.pool,
-                                       launch.assignments))
+            children.append(rank_table(job, spec, launch.attempt, launch.data, launch.pool, launch.assignments))
+        # At once, not one after the other: each is a read and an apply, and a launch pass's
+        # round trips add up on a busy API server (a new job's first pass took over a second
+        # while a 1,024-pod gang started). The first refusal (ForeignObject) is raised when all
+        # are done; the pods are created only once every child is in place.
+        self.kube.apply_all(children)
         manifests = self._manifests(job, spec, launch)
         for manifest in manifests:
             self.ledger.record(key, manifest)

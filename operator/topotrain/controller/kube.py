@@ -167,6 +167,14 @@ class Kube:
             # created by someone else since we looked, with fields that clash with ours
             raise ForeignObject(kind, namespace, name, None, job) from None
 
+    def apply_all(self, manifests: list[dict[str, Any]]) -> None:
+        """`apply` each of `manifests` in parallel; raises the first one's error, in their order,
+        once all are done."""
+        if len(manifests) == 1:
+            self.apply(manifests[0])
+        else:
+            bounded_map(self.pool, self.apply, manifests)
+
     def create_pods(self, manifests: list[dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
         """Create pods (in parallel): (names that exist afterwards, refused name -> API message)."""
         refused: dict[str, str] = {}

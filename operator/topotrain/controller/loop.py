@@ -128,7 +128,7 @@ class JobLoop:
                 await asyncio.to_thread(self.queue.dispatched, self.body)
             return None
         self.version = self.op.read_version(self.key, self.uid, self.body)
-        status = TrainingJobStatus.model_validate(self._status_read())
+        status = TrainingJobStatus.model_validate(raw_status := self._status_read())
         raw = dict(self.body.get("spec") or {})  # merged over its template, if it names one
         name = templates.to_read(raw, status.job_template)
         live = await asyncio.to_thread(self.op.kube.job_template, name) if name else None
@@ -146,7 +146,7 @@ class JobLoop:
             spec = admitted_spec(spec, view)
             self.observer.run_uid = self.uid if view is None or view.run_uid is None else view.run_uid
         problem, ckpt = await self.op.store_calls.checkpoint(self.observer, self.key, spec, status)
-        owned, table = await self._children()
+        owned, table = await self._children(new=not raw_status)
         observed = time.perf_counter()
         look = WatchLook(self.op, self.key, pods, nodes)
         decision, nodes_used, ckpt = await self._decision(spec, status, look, ckpt, table, problem or owned)
@@ -171,7 +171,7 @@ class JobLoop:
         self._log_pass(decision, (started, observed, decided, written, time.perf_counter()))
         if view is not None:
             await self._settle_queue(view, decision)
-        self._observe_metrics(decision, ckpt)
+        METRICS.pass_done(*self.key, decision, ckpt.time if ckpt is not None else None)
         self.op.note(self.key, wants_capacity(decision.status, spec), nodes_used)
         METRICS.reconcile.observe(time.perf_counter() - started)
         # The API server's answer to this pass's pod creates is said by the next pass, at once.
@@ -237,11 +237,18 @@ class JobLoop:
             raise RuntimeError(f"{self.key}: no decision")
         return decision, nodes_used, ckpt
 
-    async def _children(self) -> tuple[tuple[str, str] | None, RankTable | Unread | None]:
+    async def _children(self, new: bool) -> tuple[tuple[str, str] | None, RankTable | Unread | None]:
         """The ownership problem of the job's children, and its rank table on the loop's first
-        pass only: later passes read it when a decision asks (_decision)."""
+        pass only: later passes read it when a decision asks (_decision). A `new` job's (no
+        status written yet) is known absent, not read: the status is written before any child
+        is made (a ConfigMap of another owner under its name still stops the launch, in the
+        Actuator's apply, and the next pass reports it)."""
         first, self.first_pass = self.first_pass, False
-        return await asyncio.to_thread(self.observer.children, self.key, self.actuator.problem is not None, first)
+        recheck = self.actuator.problem is not None
+        if new and not recheck:
+            problem, _ = await asyncio.to_thread(self.observer.children, self.key, False, False)
+            return problem, None
+        return await asyncio.to_thread(self.observer.children, self.key, recheck, first)
 
     async def _read_table(self, problem: tuple[str, str] | None
                           ) -> tuple[RankTable | None, tuple[str, str] | None]:
@@ -379,22 +386,3 @@ class JobLoop:
             await asyncio.to_thread(self.queue.finish, view, status.phase == "Succeeded", status.message or "")
         else:  # written only when it changes (a Workload changed since it was read: next pass)
             await asyncio.to_thread(self.queue.pods_ready, view, status.phase == "Running")
-
-    def _observe_metrics(self, decision: Decision, ckpt: CheckpointView | None) -> None:
-        namespace, name = self.key
-        st = decision.status
-        METRICS.job_phase(namespace, name, st.phase)
-        METRICS.job_progress(namespace, name, st.progress, datetime.now(UTC))
-        if decision.restart_reason:
-            METRICS.restarts.labels(decision.restart_reason).inc()
-        if decision.recovered_seconds is not None:
-            METRICS.recovery.observe(decision.recovered_seconds)
-        if decision.first_step is not None:
-            METRICS.first_step.labels(decision.first_step[1]).observe(decision.first_step[0])
-        if decision.launch is not None and st.recovery is not None and st.recovery.mode in ("shrink", "grow"):
-            METRICS.resizes.labels(st.recovery.mode).inc()
-        if st.placement is not None:
-            METRICS.placement_cost.labels(namespace, name).set(st.placement.cost)
-        if ckpt is not None and ckpt.time is not None:
-            age = (datetime.now(UTC) - ckpt.time).total_seconds()
-            METRICS.checkpoint_age.labels(namespace, name).set(max(0.0, age))

@@ -19,11 +19,15 @@
 from __future__ import annotations
 
 import contextlib
-from datetime import datetime
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from topotrain.api.status import PHASES, ProgressStatus
+
+if TYPE_CHECKING:
+    from topotrain.core.decision import Decision
 
 RECOVERY_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 30, 60, 120, 300, 600)
 FIRST_STEP_BUCKETS = (1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1200, 1800)
@@ -117,6 +121,26 @@ class Metrics:
         if progress.estimated_completion_time is not None:
             ends = datetime.fromisoformat(progress.estimated_completion_time.replace("Z", "+00:00"))
             self.eta.labels(namespace, job).set(max(0.0, (ends - now).total_seconds()))
+
+    def pass_done(self, namespace: str, name: str, decision: Decision, checkpoint_time: datetime | None) -> None:
+        """What a reconcile pass's decision says of its job: phase, progress, restarts, recovery,
+        first step, resizes, placement cost, and the newest checkpoint's age."""
+        st = decision.status
+        now = datetime.now(UTC)
+        self.job_phase(namespace, name, st.phase)
+        self.job_progress(namespace, name, st.progress, now)
+        if decision.restart_reason:
+            self.restarts.labels(decision.restart_reason).inc()
+        if decision.recovered_seconds is not None:
+            self.recovery.observe(decision.recovered_seconds)
+        if decision.first_step is not None:
+            self.first_step.labels(decision.first_step[1]).observe(decision.first_step[0])
+        if decision.launch is not None and st.recovery is not None and st.recovery.mode in ("shrink", "grow"):
+            self.resizes.labels(st.recovery.mode).inc()
+        if st.placement is not None:
+            self.placement_cost.labels(namespace, name).set(st.placement.cost)
+        if checkpoint_time is not None:
+            self.checkpoint_age.labels(namespace, name).set(max(0.0, (now - checkpoint_time).total_seconds()))
 
     def serve(self, port: int) -> None:
         if port:
