@@ -194,26 +194,21 @@ class OperatorRun:
 
     def pass_phases(self) -> dict[str, list[float]]:
         """Seconds of the passes that changed pods, by phase, from the operator's INFO log lines."""
-        phases: dict[str, list[float]] = {"observe+decide": [], "status": [], "act": []}
-        try:
-            text = self.process.log_file.read_text(errors="replace")
-        except OSError:
-            return phases
-        for match in PASS_LINE.finditer(text):
-            for name, value in zip(phases, match.groups(), strict=True):
-                phases[name].append(float(value))
-        return phases
+        return self._logged(PASS_LINE, ("observe+decide", "status", "act"))
 
     def slow_passes(self) -> dict[str, list[float]]:
         """Seconds of the passes over a second that changed no pods, by phase (the operator's log)."""
-        phases: dict[str, list[float]] = {"pass": [], "observe+decide": [], "status": [], "act": [],
-                                          "observe": [], "plan lock wait": []}
+        return self._logged(SLOW_LINE, ("pass", "observe+decide", "status", "act", "observe", "plan lock wait"))
+
+    def _logged(self, line: re.Pattern[str], names: tuple[str, ...]) -> dict[str, list[float]]:
+        """The figures of every `line` in the operator's log, by name (in the line's group order)."""
+        phases: dict[str, list[float]] = {name: [] for name in names}
         try:
             text = self.process.log_file.read_text(errors="replace")
         except OSError:
             return phases
-        for match in SLOW_LINE.finditer(text):
-            for name, value in zip(phases, match.groups(), strict=True):
+        for match in line.finditer(text):
+            for name, value in zip(names, match.groups(), strict=True):
                 phases[name].append(float(value))
         return phases
 
