@@ -19,6 +19,12 @@ WORKERS = 24  # parallel pod creates/deletes: a 512-pod gang in well under a sec
 # with every worker the gang's, a job arriving during a 1,024-pod start waited behind 16 of its
 # calls for each of its own, and its pass went over a second).
 PER_GANG = 16
+# A pod create the API server answers with one of these (too busy, a timeout of its own, etcd
+# slow to answer) is tried again before it counts as refused: a refusal takes back the whole
+# gang's created pods, and one busy moment must not cost a 1,024-pod gang its start.
+TRANSIENT = frozenset({429, 500, 502, 503, 504})
+CREATE_TRIES = 3
+CREATE_RETRY_SECONDS = 1.0
 PASS_THREADS = 16  # the event loop's worker threads (main.py): the passes' blocking calls
 # Connections kept alive to the API server: one for each thread that may call at once. (The
 # client's default, 5 per CPU, is 10 on two cores: a gang's 16 parallel creates beside the passes'

@@ -10,14 +10,14 @@ written (status_patch.py), only onto the resourceVersion the pass read. Pod
 deletes carry uid/resourceVersion preconditions and relabels test the label
 they change (StaleWrite when refused). Every write first calls `Kube.fence`,
 which raises when this replica does not hold the leader Lease (leader.py).
-Calls are blocking (the official client); the async handlers run them in
-worker threads.
+Calls are blocking (the official client); the async handlers run them in worker threads.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, cast
@@ -26,6 +26,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException as ApiException  # re-exported: see below
 
 from topotrain import GROUP, PLURAL, TEMPLATE_PLURAL, VERSION
+from topotrain.controller import apicalls
 from topotrain.controller.apicalls import CONNECTIONS, WORKERS, api_message, bounded_map, drain
 from topotrain.controller.status_patch import status_patch
 from topotrain.core.kueue import KUEUE_GROUP, KUEUE_VERSION
@@ -168,33 +169,37 @@ class Kube:
             raise ForeignObject(kind, namespace, name, None, job) from None
 
     def apply_all(self, manifests: list[dict[str, Any]]) -> None:
-        """`apply` each of `manifests` in parallel; raises the first one's error, in their order,
-        once all are done."""
+        """`apply` each of `manifests` in parallel; the first one's error is raised when all ran."""
         if len(manifests) == 1:
             self.apply(manifests[0])
         else:
             bounded_map(self.pool, self.apply, manifests)
 
     def create_pods(self, manifests: list[dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
-        """Create pods (in parallel): (names that exist afterwards, refused name -> API message)."""
+        """Create pods (in parallel): (names that exist afterwards, refused name -> API message).
+        A busy API server's answer (apicalls.TRANSIENT) is tried again before it is a refusal."""
         refused: dict[str, str] = {}
 
         def one(manifest: dict[str, Any]) -> str | None:
-            meta = manifest["metadata"]
-            self.fence()
-            try:
-                drain(self.core.create_namespaced_pod(
-                    meta["namespace"], cast(Any, manifest), field_manager=FIELD_OWNER, _preload_content=False,
-                ))
-            except ApiException as exc:
-                if exc.status == 409:
-                    return self._created_by_us(manifest, refused)
-                message = api_message(exc)
-                log.warning("creating pod %s/%s: %s %s", meta["namespace"], meta["name"],
-                            exc.status, message)
-                refused[str(meta["name"])] = f"{exc.status}: {message}"
-                return None
-            return str(meta["name"])
+            meta, tries = manifest["metadata"], apicalls.CREATE_TRIES
+            while True:
+                tries -= 1
+                self.fence()
+                try:
+                    drain(self.core.create_namespaced_pod(
+                        meta["namespace"], cast(Any, manifest), field_manager=FIELD_OWNER, _preload_content=False,
+                    ))
+                    return str(meta["name"])
+                except ApiException as exc:
+                    if exc.status == 409:  # (also a retried create whose first try did land)
+                        return self._created_by_us(manifest, refused)
+                    again, message = exc.status in apicalls.TRANSIENT and tries > 0, api_message(exc)
+                    log.warning("creating pod %s/%s: %s %s%s", meta["namespace"], meta["name"], exc.status,
+                                message, "; trying again" if again else "")
+                    if not again:
+                        refused[str(meta["name"])] = f"{exc.status}: {message}"
+                        return None
+                time.sleep(apicalls.CREATE_RETRY_SECONDS)
 
         created = [name for name in bounded_map(self.pool, one, manifests) if name is not None]
         return created, refused
