@@ -311,15 +311,13 @@ def print_table(results: list[SizeResult]) -> None:
             print(f"big gang and slowest jobs at {result.nodes} nodes: {result.big_gang}")
         if slow := slowest(result):
             print(f"slowest at {result.nodes} nodes (apply -> Running s, applied at s from the big gang's apply): {slow}")
-        phases = result.pass_phases
-        if phases and phases["act"]:
-            parts = ", ".join(f"{name} p50 {percentile(v, 0.5):.2f} s max {max(v):.2f} s"
-                              for name, v in phases.items())
-            print(f"passes that changed pods at {result.nodes} nodes ({len(phases['act'])}): {parts}")
-        slow = result.slow_passes
-        if slow and slow["pass"]:
-            parts = ", ".join(f"{name} p50 {percentile(v, 0.5):.2f} s max {max(v):.2f} s" for name, v in slow.items())
-            print(f"passes over 1 s that changed no pods at {result.nodes} nodes ({len(slow['pass'])}): {parts}")
+        for what, phases in (("passes that changed pods", result.pass_phases),
+                             ("passes over 1 s that changed no pods", result.slow_passes)):
+            counts = {len(v) for v in phases.values()}
+            if counts and max(counts):
+                parts = ", ".join(f"{name} p50 {percentile(v, 0.5):.2f} s max {max(v):.2f} s"
+                                  for name, v in phases.items())
+                print(f"{what} at {result.nodes} nodes ({max(counts)}): {parts}")
         if result.server_writes:
             top = ", ".join(f"{verb} {res} {n}" for (verb, res), n in result.server_writes.most_common(10))
             print(f"API server writes at {result.nodes} nodes, every client ({sum(result.server_writes.values())}): {top}")

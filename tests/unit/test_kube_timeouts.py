@@ -15,6 +15,28 @@ from kubernetes import client
 from topotrain.controller import apicalls, kube
 
 
+class ApiHandler(http.server.BaseHTTPRequestHandler):
+    """A local HTTP server's handler standing in for the API server (the unit-test boundary)."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive, as the API server
+
+    def reply(self, code: int, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def serve(handler: type[ApiHandler]) -> http.server.ThreadingHTTPServer:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 def test_an_api_server_that_never_answers_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kube, "REQUEST_TIMEOUT", (1.0, 1.0))
     server = socket.socket()
@@ -41,27 +63,16 @@ def test_parallel_calls_keep_their_connections_alive() -> None:
     barrier = threading.Barrier(at_once, timeout=20)
     connections: list[int] = []
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive, as the API server
-
+    class Handler(ApiHandler):
         def setup(self) -> None:
             super().setup()
             connections.append(1)
 
         def do_GET(self) -> None:
             barrier.wait()  # every call of the burst is in flight at once
-            body = b'{"kind": "ConfigMap", "apiVersion": "v1", "metadata": {"name": "x-ranks"}}'
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.reply(200, b'{"kind": "ConfigMap", "apiVersion": "v1", "metadata": {"name": "x-ranks"}}')
 
-        def log_message(self, *_: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve(Handler)
     default = client.Configuration.get_default_copy()
     config = client.Configuration()
     config.host = f"http://127.0.0.1:{server.server_address[1]}"
@@ -87,27 +98,16 @@ def test_a_busy_api_servers_answer_to_a_pod_create_is_tried_again_a_refusal_is_n
     answers = {"busy": [500, 201], "slow": [504, 429, 201], "bad": [422, 201], "down": [503, 503, 503, 201]}
     posts: list[str] = []
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
+    class Handler(ApiHandler):
         def do_POST(self) -> None:
             pod = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             name = pod["metadata"]["name"]
             posts.append(name)
             code = answers[name].pop(0)
-            body = json.dumps(pod if code == 201 else {"kind": "Status", "apiVersion": "v1", "code": code,
-                                                      "message": f"answer {code}"}).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.reply(code, json.dumps(pod if code == 201 else {"kind": "Status", "apiVersion": "v1", "code": code,
+                                                                 "message": f"answer {code}"}).encode())
 
-        def log_message(self, *_: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve(Handler)
     config = client.Configuration()
     config.host = f"http://127.0.0.1:{server.server_address[1]}"
     api = kube.Kube(kube.TimedApiClient(config))
