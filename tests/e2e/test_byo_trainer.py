@@ -21,8 +21,10 @@ attempt held (training.holdAtStep, a test aid) until the test's fault or resize 
   the step's gradient all-reduce), no step is reported, the operator restarts the gang in place
   (the launchers stop their workers, SIGCONT included) from step 8. Turned on earlier, the hang
   clock would also run through the holds of the resizes;
-- attempt 4 trains to the end. Every step's loss, in every attempt, is the same script's run
-  uninterrupted by the launcher alone on this machine (within LOSS_ATOL).
+- attempt 4 trains to the end, hang detection off again (30 s is short for a step or a save on
+  a CI machine that runs the kind suite beside this one). Every step's loss, in every attempt,
+  is the same script's run uninterrupted by the launcher alone on this machine (within
+  LOSS_ATOL).
 """
 
 from __future__ import annotations
@@ -133,8 +135,7 @@ def restarted_in_place(stack: Stack, name: str, attempt: int, sig: signal.Signal
     wait_until(partial(held, stack, name, attempt), timeout=JOB_TIMEOUT, what=f"attempt {attempt} held")
     before = live_uids(stack, name)
     if sig == signal.SIGSTOP:  # hang detection on, now that no hold of a resize is ahead
-        stack.kubectl("-n", stack.namespace, "patch", f"trainingjobs.topotrain.io/{name}", "--type=merge",
-                      "-p", json.dumps({"spec": {"failurePolicy": {"progressTimeoutSeconds": HANG_TIMEOUT}}}))
+        _hang_timeout(stack, name, HANG_TIMEOUT)
     assert faults.signal_trainer(pod_pid(stack, name, 1), sig), "no worker found"
     if sig == signal.SIGSTOP:  # pod 0 goes on into a collective with pod 1 that never completes
         stack.release_hold(name, attempt)
@@ -142,7 +143,14 @@ def restarted_in_place(stack: Stack, name: str, attempt: int, sig: signal.Signal
                          what=f"the first step after attempt {attempt}'s fault")  # fmt: skip
     assert job["status"]["recovery"]["mode"] == "inPlace"
     assert live_uids(stack, name) == before, "a pod was replaced"
+    if sig == signal.SIGSTOP:  # off again: a 30 s clock would also run through a step or a save
+        _hang_timeout(stack, name, 0)  # slowed by a loaded CI machine (once 3 restarts, not 2)
     return dict(job["status"])
+
+
+def _hang_timeout(stack: Stack, name: str, seconds: int) -> None:
+    stack.kubectl("-n", stack.namespace, "patch", f"trainingjobs.topotrain.io/{name}", "--type=merge",
+                  "-p", json.dumps({"spec": {"failurePolicy": {"progressTimeoutSeconds": seconds}}}))
 
 
 def scaled(stack: Stack, name: str, attempt: int, data: int) -> None:
@@ -198,7 +206,9 @@ def test_both_recipes_recover_from_a_kill_a_resize_and_a_hang_with_uninterrupted
             if run.poll() is None:
                 run.kill()
     for recipe, (done, events) in finished.items():
-        assert int(done["status"]["restarts"]) == 2, recipe  # the kill and the hang, no resize
+        assert int(done["status"]["restarts"]) == 2, (  # the kill and the hang, no resize
+            recipe, done["status"].get("lastFailure"),
+            [line for line in stack.operator_log(100_000).splitlines() if f"byo-{recipe}" in line][-40:])
         assert done["status"]["parallelism"]["data"] == 2, recipe
         assert sorted(step_losses(events)) == list(range(1, STEPS + 1)), recipe
         for e in of_kind(events, "step"):  # every step trained, in every attempt, at either degree
