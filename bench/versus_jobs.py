@@ -17,8 +17,9 @@ size is fixed.
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from placement import scatter
@@ -46,14 +47,22 @@ COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 FILLER_NAMESPACE = "versus-filler"
 FILLER_SIZES = (1, 2, 4, 8, 8, 8, 8)  # GPUs a filler pod holds: whole nodes 4 times in 7
 # What each gang is taken to train when its step time is predicted (docs/placement.md,
-# "Step-time model"; the bench's jobs run no trainer): the Llama 3 8B shape, 4,096 tokens a
-# sample, one sample a micro-batch and 16 micro-batches a replica, so the global batch grows
-# with the data degree (weak scaling) and every gang does the same work per GPU.
-STEP_MODEL, STEP_SEQ_LEN, STEP_MICROBATCHES = "8B", 4096, 16
+# "Step-time model"; the bench's jobs run no trainer): a Llama 3 shape, 4,096 tokens a sample,
+# one sample a micro-batch and a fixed number of micro-batches a replica, so the global batch
+# grows with the data degree (weak scaling) and every gang does the same work per GPU. The
+# first (8B, 16 micro-batches) is the per-job table's; the others put more of the step on the
+# links (fewer tokens a replica per step, a bigger model's gradients): the summary shows each.
+STEP_SEQ_LEN = 4096
+STEP_WORKLOADS = (("8B", 16), ("8B", 4), ("70B", 4), ("70B", 1))
+STEP_MODEL, STEP_MICROBATCHES = STEP_WORKLOADS[0]
 
 
-def step_workload(data: int) -> Workload:
-    return Workload(STEP_MODEL, STEP_SEQ_LEN, STEP_MICROBATCHES * data, 1)
+def step_workload(data: int, model: str = STEP_MODEL, microbatches: int = STEP_MICROBATCHES) -> Workload:
+    return Workload(model, STEP_SEQ_LEN, microbatches * data, 1)
+
+
+def workload_label(model: str, microbatches: int) -> str:
+    return f"{model}, {microbatches} micro-batch{'es' if microbatches > 1 else ''}"
 
 
 def kueue_annotations(shape: JobShape, topology: str, levels: TopologyLevels) -> dict[str, str]:
@@ -143,14 +152,21 @@ def filler_pods(nodes: Sequence[tuple[str, int]], used: float, seed: int) -> lis
 
 @dataclass(frozen=True)
 class Placed:
-    """Where one gang ran: node per pod index, the cost model on those nodes and the predicted
-    seconds of one training step of `step_workload` there."""
+    """Where one gang ran: node per pod index, the cost model on those nodes and, per workload of
+    STEP_WORKLOADS (its `workload_label`), the predicted seconds of one training step there and
+    the bound no placement of the gang in its pool is predicted faster than (`best_step`)."""
 
     nodes: tuple[str, ...]
     cost: int
     rack: int
     block: int
-    step: float | None = None
+    steps: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+
+    @property
+    def step(self) -> float | None:
+        """The predicted step of the first workload (the per-job table's)."""
+        first = self.steps.get(workload_label(*STEP_WORKLOADS[0]))
+        return first[0] if first else None
 
 
 def placement_cost(
@@ -174,9 +190,39 @@ def placement_cost(
     assign = [position[pod_nodes[i]] for i in range(count)]
     mesh = Mesh.build(request)
     cost = evaluate(mesh, index, assign)
-    step = predict(mesh, index, assign, step_workload(request.data), product)
-    return Placed(tuple(pod_nodes[i] for i in range(count)), cost.total, cost.rack, cost.block,
-                  step.total)  # fmt: skip
+    domain = max(Counter(index.clique).values())
+    steps = {}
+    for model, microbatches in STEP_WORKLOADS:
+        workload = step_workload(request.data, model, microbatches)
+        steps[workload_label(model, microbatches)] = (
+            predict(mesh, index, assign, workload, product).total, best_step(mesh, workload, product, domain))
+    return Placed(tuple(pod_nodes[i] for i in range(count)), cost.total, cost.rack, cost.block, steps)
+
+
+def best_step(mesh: Mesh, workload: Workload, product: str, domain_nodes: int) -> float:
+    """A lower bound on the predicted step of any placement of `mesh` in a pool of whole-node
+    pods whose NVLink domains are `domain_nodes` nodes (1 or 2, as the bench's fleets). Every
+    pod in one rack, so no hop leaves it (the model's uplinks only ever slow a hop down); the
+    domains filled with consecutive pods of a replica (pipeline neighbours) or with the same
+    stage of consecutive replicas (data-parallel neighbours), each term (pipeline with its
+    bubble; data) taken from the faster of the two. A pipeline (data) phase runs over NVLink
+    only if each of its pairs (rings) fits one domain, which one of the two fillings achieves
+    whenever any placement does; no placement need achieve both at once, so the bound can be
+    a little below every placement's step (tp8 pp2 dp2: 0.4 % at the 8B workload)."""
+    if domain_nodes > 2:
+        raise ValueError(f"best_step: NVLink domains of {domain_nodes} nodes (only 1 or 2)")
+    fillings = [list(range(mesh.pods))]
+    stages = [p for members, _ in mesh.dp_groups for p in members]  # pods holding one stage each
+    if sorted(stages) == fillings[0]:
+        by_stage = [0] * mesh.pods
+        for position, pod in enumerate(stages):
+            by_stage[pod] = position
+        fillings.append(by_stage)
+    nodes = [NodeInfo(f"n{i}", product, GPUS_PER_POD, GPUS_PER_POD, ("b", "r", f"d{i // domain_nodes}", f"n{i}"))
+             for i in range(mesh.pods)]  # fmt: skip
+    index = DomainIndex(nodes)
+    split = [predict(mesh, index, assign, workload, product) for assign in fillings]
+    return split[0].compute + min(s.tp + s.pp + s.bubble for s in split) + min(s.dp for s in split)
 
 
 def fleet_pools(node_dicts: Sequence[Mapping[str, Any]]) -> dict[str, list[NodeInfo]]:

@@ -7,8 +7,17 @@ import argparse
 import math
 from collections.abc import Sequence
 
-from versus_jobs import STEP_MICROBATCHES, STEP_MODEL, STEP_SEQ_LEN, Placed
+from versus_jobs import (
+    STEP_MICROBATCHES,
+    STEP_MODEL,
+    STEP_SEQ_LEN,
+    STEP_WORKLOADS,
+    Placed,
+    workload_label,
+)
 from versus_results import PlacementResult, SystemResult
+
+FIRST = workload_label(*STEP_WORKLOADS[0])  # the per-job table's workload
 
 # What a user of each system can ask for, from the benchmark's own job kinds and the docs
 # of each API (Kueue v0.17 TAS annotations, JobSet v1alpha2, TrainingJob v1alpha1).
@@ -182,40 +191,61 @@ def print_placement(result: PlacementResult, ours: str, theirs: str,
         print()
 
 
-def step_ratio(ours: Placed | None, theirs: Placed | None) -> float | None:
+def step_ratio(ours: Placed | None, theirs: Placed | None, label: str = FIRST) -> float | None:
     """Their predicted step time over ours, for two placements of the same job at one size."""
     if ours is None or theirs is None or len(ours.nodes) != len(theirs.nodes):
         return None
-    if not ours.step or not theirs.step:
+    if label not in ours.steps or label not in theirs.steps:
         return None
-    return theirs.step / ours.step
+    return theirs.steps[label][0] / ours.steps[label][0]
 
 
 def print_steps(jobs: Sequence[tuple[str, Placed | None, Placed | None]], ours: str,
                 theirs: str) -> list[float]:  # fmt: skip
     """The predicted step time (docs/placement.md, "Step-time model") of each system's
-    placement of the same job, with the ratio; returns the ratios."""
+    placement of the same job, with the ratio and the fastest step any placement of the job
+    could be predicted (`versus_jobs.best_step`, a lower bound); then the same over every workload of STEP_WORKLOADS.
+    Returns the first workload's ratios."""
     print(f"Predicted step time (docs/placement.md's step-time model: Llama 3 {STEP_MODEL} shape, "
           f"seqLen {STEP_SEQ_LEN}, {STEP_MICROBATCHES} micro-batches of 1 a replica) on the nodes "
-          "each system gave the same job\n")  # fmt: skip
-    rows, ratios, slower = [], [], []
+          "each system gave the same job; bound: no placement of the job is predicted faster "
+          "(versus_jobs.best_step)\n")  # fmt: skip
+    rows = []
     for name, a, b in jobs:
         ratio = step_ratio(a, b)
-        if ratio is not None:
-            ratios.append(ratio)
-            if ratio < 1:
-                slower.append(name)
-        rows.append([name, _step(a), _step(b), "-" if ratio is None else f"{ratio:.3f}x"])
-    table(["job", f"{ours} step s", f"{theirs} step s", "their step / ours"], rows)
-    geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else float("nan")
-    print(f"\ngeo-mean predicted step ratio ({theirs} / {ours}) over {len(ratios)} jobs placed by "
-          f"both at the same size: {geo:.3f}x; worst {min(ratios, default=float('nan')):.3f}x; "
-          f"jobs where {ours}'s step is slower: {len(slower)} {' '.join(slower)}\n")  # fmt: skip
-    return ratios
+        rows.append([name, _step(a), _step(b), _step(a or b, best=True), "-" if ratio is None else f"{ratio:.3f}x"])
+    table(["job", f"{ours} step s", f"{theirs} step s", "bound s", "their step / ours"], rows)
+    summary, first = [], []
+    for model, microbatches in STEP_WORKLOADS:
+        label = workload_label(model, microbatches)
+        both = [(name, a, b) for name, a, b in jobs if step_ratio(a, b, label) is not None]
+        ratios = [step_ratio(a, b, label) or 0.0 for _, a, b in both]
+        slower = [name for (name, _, _), r in zip(both, ratios, strict=True) if r < 1]
+        first = first or ratios
+        if label == FIRST:
+            print(f"\ngeo-mean predicted step ratio ({theirs} / {ours}) over {len(ratios)} jobs placed "
+                  f"by both at the same size: {_geo(ratios):.3f}x; worst {min(ratios, default=float('nan')):.3f}x; "
+                  f"jobs where {ours}'s step is slower: {len(slower)} {' '.join(slower)}\n")  # fmt: skip
+        headroom = _geo([b.steps[label][0] / b.steps[label][1] for _, _, b in both if b])
+        ours_off = _geo([a.steps[label][0] / a.steps[label][1] for _, a, _ in both if a])
+        summary.append([label, str(len(ratios)), f"{_geo(ratios):.3f}x", f"{min(ratios, default=float('nan')):.3f}x",
+                        f"{len(slower)} {' '.join(slower)}".strip(), f"{headroom:.3f}x", f"{ours_off:.3f}x"])  # fmt: skip
+    print("The same placements, each workload (Llama 3 shape, seqLen 4096; geo-means over the jobs "
+          "placed by both at the same size)\n")
+    table(["workload", "jobs", f"{theirs} / {ours}", "worst", f"jobs where {ours} is slower",
+           f"{theirs} / bound", f"{ours} / bound"], summary)  # fmt: skip
+    print()
+    return first
 
 
-def _step(placed: Placed | None) -> str:
-    return "-" if placed is None or placed.step is None else f"{placed.step:.3f}"
+def _geo(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def _step(placed: Placed | None, best: bool = False) -> str:
+    if placed is None or FIRST not in placed.steps:
+        return "-"
+    return f"{placed.steps[FIRST][1 if best else 0]:.3f}"
 
 
 def _pool(placed: Placed) -> str:

@@ -59,6 +59,7 @@ def test_the_report_predicts_each_systems_step_time_on_the_same_job(
         versus_jobs: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
     """A Kueue placement is only node names: they are mapped back to the fleet's topology, and
     the gang whose DP rings cross blocks is predicted slower than the one inside a rack."""
+    import versus_report
     from scale_workload import JobShape, fleet
     from versus_report import print_placement
     from versus_results import Instance, PlacementResult
@@ -78,7 +79,35 @@ def test_the_report_predicts_each_systems_step_time_on_the_same_job(
     print_placement(result, "topotrain", "Kueue", argparse.Namespace(nodes=80, used=0.3))
     out = capsys.readouterr().out
     ratio = theirs.step / ours.step
-    assert f"| dense-001@1 | {ours.step:.3f} | {theirs.step:.3f} | {ratio:.3f}x |" in out
-    assert f"| small-002@1 | {alone.step:.3f} | - | - |" in out
+    bound = ours.steps[versus_report.FIRST][1]
+    assert bound < ours.step  # one rack, but the pipeline pairs share the NVLink domains
+    assert f"| dense-001@1 | {ours.step:.3f} | {theirs.step:.3f} | {bound:.3f} | {ratio:.3f}x |" in out
+    assert f"| small-002@1 | {alone.step:.3f} | - | {alone.step:.3f} | - |" in out
     assert (f"geo-mean predicted step ratio (Kueue / topotrain) over 2 jobs placed by both at the same "
             f"size: {ratio ** 0.5:.3f}x; worst 1.000x; jobs where topotrain's step is slower: 0") in out
+
+
+def test_no_placement_is_predicted_faster_than_the_best_possible_step(versus_jobs: ModuleType) -> None:
+    """The report's step bound: random placements of several shapes in either pool are never
+    predicted faster, for any workload; two replicas sharing one NVLink domain attain it."""
+    import random
+
+    from scale_workload import JobShape, fleet
+
+    topology = fleet(80, "v-")
+    pools = versus_jobs.fleet_pools([node_manifest(p, "v") for p in plan_nodes(parse_topology(topology))])
+    rng = random.Random(7)
+    for pipeline, data in ((1, 2), (2, 2), (3, 2), (2, 4), (4, 4)):
+        shape = JobShape("dense-000", "dense", 0.0, pipeline, data, None, ("H100-80GB",))
+        for infos in pools.values():
+            for _ in range(20):
+                nodes = rng.sample([n.name for n in infos], shape.pods)
+                placed = versus_jobs.placement_cost(shape, dict(enumerate(nodes)), pools)
+                assert placed is not None and len(placed.steps) == len(versus_jobs.STEP_WORKLOADS)
+                for label, (step, best) in placed.steps.items():
+                    assert step >= best * (1 - 1e-9), (label, nodes)
+    pair = JobShape("small-001", "small", 0.0, 1, 2, None, ("H100-80GB",))  # two replicas, one domain: attained
+    placed = versus_jobs.placement_cost(pair, {0: "v-h100-b0-r0-n0", 1: "v-h100-b0-r0-n1"}, pools)
+    assert placed is not None
+    for step, best in placed.steps.values():
+        assert step == pytest.approx(best, rel=1e-9)

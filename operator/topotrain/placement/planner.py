@@ -7,7 +7,9 @@
    order (rank order, stage-major, Hilbert, rack-sized tiles) filled into them,
    plus the BestFit-like baseline's own placement when it meets the hard
    constraints; the cheapest (then least fragmenting) wins and local search
-   improves it. Everything is deterministic: no clock, no unseeded randomness.
+   improves it; then the NVLink domains of several nodes are filled with data-parallel
+   rather than pipeline neighbours where that costs no more and the step-time model
+   predicts a faster step (pairing.py). Everything is deterministic: no clock, no unseeded randomness.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from topotrain.placement import model, orders
 from topotrain.placement.baselines import bestfit_assign
 from topotrain.placement.cost import CostState, DomainIndex, evaluate
 from topotrain.placement.model import Plan
+from topotrain.placement.pairing import faster_pairing
 from topotrain.placement.reasons import capacity_reason, pods_reason, racked_reason
 from topotrain.placement.request import GangRequest, Mesh
 from topotrain.placement.search import FULL_NEIGHBOURHOOD, improve
@@ -206,6 +209,9 @@ def _best(
             best_key = key
             best_assign = state.assign
             best_name = f"{name}+search({moves} moves)" if moves else name
+    paired = faster_pairing(mesh, view.index, best_assign)
+    if paired is not None:
+        return paired, "", f"{best_name}+stage-paired"
     return best_assign, "", best_name
 
 

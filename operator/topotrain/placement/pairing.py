@@ -1,0 +1,72 @@
+"""Which neighbours share an NVLink domain of several nodes: the planner's last step.
+
+The cost model counts a pipeline pair split across NVLink domains and a data-parallel group
+spread over one more domain alike, so on a pool whose domains hold two nodes (HGX boards
+paired on one NVLink switch) it often ties between two fillings of the same nodes: pipeline
+neighbours (consecutive stages of a replica) together, or data-parallel neighbours (the same
+stage of consecutive replicas). The step-time model (steptime.py) does not tie: a step's
+gradient reduce-scatter and all-gather move a rank's whole parameter shard, the pipeline's
+sends one activation slice a micro-batch. So the planner also tries the stage-major filling
+of each rack's nodes (the same pods on each rack, so no rack or block crossing changes) and
+keeps it when it costs no more and the step-time model predicts a faster step for a
+reference workload (`REFERENCE`: the Llama 3 8B shape, 4,096 tokens a micro-batch, 16
+micro-batches a replica; the compute is the same for both fillings, so the GPU does not
+matter). docs/placement.md, "Pipeline or data neighbours in an NVLink domain".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from topotrain.placement.cost import DomainIndex, evaluate
+from topotrain.placement.request import Mesh
+from topotrain.placement.steptime import predict
+from topotrain.placement.steptime_tables import Workload
+
+REFERENCE_MODEL, REFERENCE_SEQ_LEN, REFERENCE_MICROBATCHES = "8B", 4096, 16
+REFERENCE_PRODUCT = "H100-80GB"  # the compute term is the same for every filling of one pool
+
+__all__ = ["REFERENCE_MICROBATCHES", "REFERENCE_MODEL", "REFERENCE_SEQ_LEN", "faster_pairing", "stage_paired"]
+
+
+def stage_paired(mesh: Mesh, index: DomainIndex, assign: Sequence[int]) -> list[int] | None:
+    """The same pods on each rack's same nodes, the nodes (in NVLink-domain order) filled
+    stage-major: a stage's pods of consecutive replicas side by side. None when a pod holds
+    more than one stage or a tensor group spans pods (the filling would have to keep them)."""
+    stages = [p for members, _ in mesh.dp_groups for p in members]
+    if sorted(stages) != list(range(mesh.pods)) or mesh.unit_size > 1:
+        return None
+    order = {pod: position for position, pod in enumerate(stages)}
+    pods_by_rack: dict[int, list[int]] = {}
+    for pod, node in enumerate(assign):
+        pods_by_rack.setdefault(index.rack[node], []).append(pod)
+    out = list(assign)
+    for pods in pods_by_rack.values():
+        nodes = sorted((assign[p] for p in pods), key=lambda n: (index.clique[n], n))
+        for pod, node in zip(sorted(pods, key=order.__getitem__), nodes, strict=True):
+            out[pod] = node
+    return out
+
+
+def faster_pairing(mesh: Mesh, index: DomainIndex, assign: Sequence[int]) -> list[int] | None:
+    """The stage-paired filling when it costs no more than `assign` and the reference
+    workload's predicted step on it is faster; else None."""
+    if mesh.request.data < 2 or max(len(c) for c in _domains(index, assign).values()) < 2:
+        return None  # no replica to pair with, or no domain holding two of the gang's nodes
+    paired = stage_paired(mesh, index, assign)
+    if paired is None or paired == list(assign):
+        return None
+    if evaluate(mesh, index, paired).total > evaluate(mesh, index, assign).total:
+        return None
+    workload = Workload(REFERENCE_MODEL, REFERENCE_SEQ_LEN, REFERENCE_MICROBATCHES * mesh.request.data, 1)
+    before = predict(mesh, index, assign, workload, REFERENCE_PRODUCT).total
+    after = predict(mesh, index, paired, workload, REFERENCE_PRODUCT).total
+    return paired if after < before * (1 - 1e-9) else None
+
+
+def _domains(index: DomainIndex, assign: Sequence[int]) -> dict[int, set[int]]:
+    """The gang's nodes by NVLink domain."""
+    out: dict[int, set[int]] = {}
+    for node in assign:
+        out.setdefault(index.clique[node], set()).add(node)
+    return out
