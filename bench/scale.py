@@ -40,6 +40,7 @@ import argparse
 import contextlib
 import json
 import math
+import shutil
 import signal
 import sys
 import tempfile
@@ -345,6 +346,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait after the last arrival")
     parser.add_argument("--no-proxy", action="store_true", help="operator straight to the API server")
     parser.add_argument("--node-lease-seconds", type=int, default=200)
+    parser.add_argument("--keep-logs", type=Path, help="copy the testbed's logs (the operator's too) here at the end")
     parser.add_argument("--plan-nodes", type=int, nargs="*", default=[10000])
     parser.add_argument("--plan-pods", type=int, default=1024)
     parser.add_argument("--plan-repeats", type=int, default=20)
@@ -364,6 +366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             state = stack.enter_context(tempfile.TemporaryDirectory(prefix="topotrain-scale-"))
             bed = Testbed(state, node_lease_seconds=args.node_lease_seconds)
             stack.callback(bed.down)
+            if args.keep_logs:  # copied before the testbed goes (callbacks run last first)
+                stack.callback(shutil.copytree, Path(state) / "logs", args.keep_logs, dirs_exist_ok=True)
             start = time.monotonic()
             bed.up()
             print(f"control plane up in {time.monotonic() - start:.0f}s (state {state})", file=sys.stderr)

@@ -76,3 +76,21 @@ def test_nodes_each_their_own_domain_are_filled_as_before() -> None:
     nodes = [node(f"n{i}") for i in range(4)]
     mesh, index, assign = _placed({"pipeline": 2, "data": 2}, nodes)
     assert faster_pairing(mesh, index, assign) is None
+
+
+def test_a_mixed_filling_the_search_ties_on_is_refilled_in_rank_order() -> None:
+    """tp8 pp2 dp3 on six nodes in three domains (bench/versus.py's dense-029): two replicas'
+    stages paired by stage and the third by replica costs what rank order costs (32), but two
+    pipeline hops go through the rack's switch; rank order keeps every pipeline pair in a
+    domain, and a stage's ring of three is at the rack's speed either way."""
+    inventory = inv(paired_rack(6))
+    index = DomainIndex(inventory.pools()["H100-80GB"])
+    n = {name: i for i, name in enumerate(index.names)}
+    mesh = Mesh.build(req(pipeline=2, data=3))  # pods: s0r0, s1r0, s0r1, s1r1, s0r2, s1r2
+    mixed = [n["r0-n0"], n["r0-n2"], n["r0-n1"], n["r0-n3"], n["r0-n4"], n["r0-n5"]]
+    refilled = faster_pairing(mesh, index, mixed)
+    assert refilled == [n[f"r0-n{i}"] for i in range(6)]
+    assert evaluate(mesh, index, refilled).total == evaluate(mesh, index, mixed).total == 32
+    assert _step(mesh, index, refilled) < _step(mesh, index, mixed)
+    _, _, planned = _placed({"pipeline": 2, "data": 3}, paired_rack(6))
+    assert all(index.clique[planned[2 * r]] == index.clique[planned[2 * r + 1]] for r in range(3))

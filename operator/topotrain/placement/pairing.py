@@ -6,10 +6,11 @@ paired on one NVLink switch) it often ties between two fillings of the same node
 neighbours (consecutive stages of a replica) together, or data-parallel neighbours (the same
 stage of consecutive replicas). The step-time model (steptime.py) does not tie: a step's
 gradient reduce-scatter and all-gather move a rank's whole parameter shard, the pipeline's
-sends one activation slice a micro-batch. So the planner also tries the stage-major filling
-of each rack's nodes (the same pods on each rack, so no rack or block crossing changes) and
-keeps it when it costs no more and the step-time model predicts a faster step for a
-reference workload (`REFERENCE`: the Llama 3 8B shape, 4,096 tokens a micro-batch, 16
+sends one activation slice a micro-batch. So the planner also tries the stage-major and the
+rank-order fillings of each rack's nodes (the same pods on each rack, so no rack or block
+crossing changes; local search can end on a mix of the two that costs the same and is
+slower) and keeps the faster when it costs no more and the step-time model predicts a faster
+step than the search's for a reference workload (`REFERENCE`: the Llama 3 8B shape, 4,096 tokens a micro-batch, 16
 micro-batches a replica; the compute is the same for both fillings, so the GPU does not
 matter). docs/placement.md, "Pipeline or data neighbours in an NVLink domain".
 """
@@ -26,7 +27,7 @@ from topotrain.placement.steptime_tables import Workload
 REFERENCE_MODEL, REFERENCE_SEQ_LEN, REFERENCE_MICROBATCHES = "8B", 4096, 16
 REFERENCE_PRODUCT = "H100-80GB"  # the compute term is the same for every filling of one pool
 
-__all__ = ["REFERENCE_MICROBATCHES", "REFERENCE_MODEL", "REFERENCE_SEQ_LEN", "faster_pairing", "stage_paired"]
+__all__ = ["REFERENCE_MICROBATCHES", "REFERENCE_MODEL", "REFERENCE_SEQ_LEN", "faster_pairing", "replica_paired", "stage_paired"]
 
 
 def stage_paired(mesh: Mesh, index: DomainIndex, assign: Sequence[int]) -> list[int] | None:
@@ -36,7 +37,17 @@ def stage_paired(mesh: Mesh, index: DomainIndex, assign: Sequence[int]) -> list[
     stages = [p for members, _ in mesh.dp_groups for p in members]
     if sorted(stages) != list(range(mesh.pods)) or mesh.unit_size > 1:
         return None
-    order = {pod: position for position, pod in enumerate(stages)}
+    return _refill(index, assign, {pod: position for position, pod in enumerate(stages)})
+
+
+def replica_paired(mesh: Mesh, index: DomainIndex, assign: Sequence[int]) -> list[int] | None:
+    """The same, filled in rank order: a replica's consecutive stages side by side."""
+    if mesh.unit_size > 1:
+        return None
+    return _refill(index, assign, {pod: pod for pod in range(mesh.pods)})
+
+
+def _refill(index: DomainIndex, assign: Sequence[int], order: dict[int, int]) -> list[int]:
     pods_by_rack: dict[int, list[int]] = {}
     for pod, node in enumerate(assign):
         pods_by_rack.setdefault(index.rack[node], []).append(pod)
@@ -49,19 +60,19 @@ def stage_paired(mesh: Mesh, index: DomainIndex, assign: Sequence[int]) -> list[
 
 
 def faster_pairing(mesh: Mesh, index: DomainIndex, assign: Sequence[int]) -> list[int] | None:
-    """The stage-paired filling when it costs no more than `assign` and the reference
-    workload's predicted step on it is faster; else None."""
-    if mesh.request.data < 2 or max(len(c) for c in _domains(index, assign).values()) < 2:
-        return None  # no replica to pair with, or no domain holding two of the gang's nodes
-    paired = stage_paired(mesh, index, assign)
-    if paired is None or paired == list(assign):
-        return None
-    if evaluate(mesh, index, paired).total > evaluate(mesh, index, assign).total:
+    """Of the stage-major and rank-order fillings, the one with the fastest predicted step for
+    the reference workload, when it costs no more than `assign` and is faster; else None."""
+    if max(len(c) for c in _domains(index, assign).values()) < 2:
+        return None  # no domain holds two of the gang's nodes
+    cost = evaluate(mesh, index, assign).total
+    fillings = [f for f in (stage_paired(mesh, index, assign), replica_paired(mesh, index, assign))
+                if f is not None and f != list(assign) and evaluate(mesh, index, f).total <= cost]  # fmt: skip
+    if not fillings:
         return None
     workload = Workload(REFERENCE_MODEL, REFERENCE_SEQ_LEN, REFERENCE_MICROBATCHES * mesh.request.data, 1)
     before = predict(mesh, index, assign, workload, REFERENCE_PRODUCT).total
-    after = predict(mesh, index, paired, workload, REFERENCE_PRODUCT).total
-    return paired if after < before * (1 - 1e-9) else None
+    step, best = min((predict(mesh, index, f, workload, REFERENCE_PRODUCT).total, i) for i, f in enumerate(fillings))
+    return fillings[best] if step < before * (1 - 1e-9) else None
 
 
 def _domains(index: DomainIndex, assign: Sequence[int]) -> dict[int, set[int]]:
