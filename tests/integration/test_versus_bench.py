@@ -75,7 +75,8 @@ def test_quick_versus_runs_both_systems_and_prints_every_table(
                     "| system | jobs Running |", "| system | node deleted |",
                     "| system | restart | job | pods | node deleted |",
                     "| can a user express |",
-                    "| job | topotrain step s | Kueue TAS + JobSet step s | their step / ours |"):  # fmt: skip
+                    "| job | topotrain step s | Kueue TAS + JobSet step s | bound s | their step / ours |",
+                    "| workload | jobs | Kueue TAS + JobSet / topotrain | worst |"):  # fmt: skip
         assert heading in out, out
     both = next(line for line in out.splitlines() if "instances placed by both" in line)
     assert int(both.split("|")[2]) > 0, out
