@@ -48,6 +48,8 @@ def test_the_same_stage_of_two_replicas_shares_a_domain_when_their_gradients_out
     for model, microbatches in (("8B", 16), ("70B", 1)):
         assert _step(mesh, index, assign, model, microbatches) < _step(mesh, index, by_replica, model, microbatches)
     assert predict(mesh, index, assign, Workload("8B", 4096, 32, 1), "H100-80GB").levels["data"] == "nvlink"
+    # `topotrain plan` prints the strategy: it says the domains were refilled, and how
+    assert plan(req(pipeline=2, data=2), inv(paired_rack(4))).strategy.endswith("+domains stage-major")
 
 
 def test_pipeline_neighbours_keep_a_domain_when_a_stages_replicas_cannot_share_one() -> None:
@@ -88,7 +90,9 @@ def test_a_mixed_filling_the_search_ties_on_is_refilled_in_rank_order() -> None:
     n = {name: i for i, name in enumerate(index.names)}
     mesh = Mesh.build(req(pipeline=2, data=3))  # pods: s0r0, s1r0, s0r1, s1r1, s0r2, s1r2
     mixed = [n["r0-n0"], n["r0-n2"], n["r0-n1"], n["r0-n3"], n["r0-n4"], n["r0-n5"]]
-    refilled = faster_pairing(mesh, index, mixed)
+    found = faster_pairing(mesh, index, mixed)
+    assert found is not None and found[1] == "rank-order"
+    refilled = found[0]
     assert refilled == [n[f"r0-n{i}"] for i in range(6)]
     assert evaluate(mesh, index, refilled).total == evaluate(mesh, index, mixed).total == 32
     assert _step(mesh, index, refilled) < _step(mesh, index, mixed)

@@ -59,20 +59,22 @@ def _refill(index: DomainIndex, assign: Sequence[int], order: dict[int, int]) ->
     return out
 
 
-def faster_pairing(mesh: Mesh, index: DomainIndex, assign: Sequence[int]) -> list[int] | None:
+def faster_pairing(mesh: Mesh, index: DomainIndex, assign: Sequence[int]) -> tuple[list[int], str] | None:
     """Of the stage-major and rank-order fillings, the one with the fastest predicted step for
-    the reference workload, when it costs no more than `assign` and is faster; else None."""
+    the reference workload, with its name ("stage-major" or "rank-order"), when it costs no
+    more than `assign` and is faster; else None."""
     if max(len(c) for c in _domains(index, assign).values()) < 2:
         return None  # no domain holds two of the gang's nodes
     cost = evaluate(mesh, index, assign).total
-    fillings = [f for f in (stage_paired(mesh, index, assign), replica_paired(mesh, index, assign))
+    named = (("stage-major", stage_paired(mesh, index, assign)), ("rank-order", replica_paired(mesh, index, assign)))
+    fillings = [(name, f) for name, f in named
                 if f is not None and f != list(assign) and evaluate(mesh, index, f).total <= cost]  # fmt: skip
     if not fillings:
         return None
     workload = Workload(REFERENCE_MODEL, REFERENCE_SEQ_LEN, REFERENCE_MICROBATCHES * mesh.request.data, 1)
     before = predict(mesh, index, assign, workload, REFERENCE_PRODUCT).total
-    step, best = min((predict(mesh, index, f, workload, REFERENCE_PRODUCT).total, i) for i, f in enumerate(fillings))
-    return fillings[best] if step < before * (1 - 1e-9) else None
+    step, best = min((predict(mesh, index, f, workload, REFERENCE_PRODUCT).total, i) for i, (_, f) in enumerate(fillings))
+    return (fillings[best][1], fillings[best][0]) if step < before * (1 - 1e-9) else None
 
 
 def _domains(index: DomainIndex, assign: Sequence[int]) -> dict[int, set[int]]:

@@ -209,9 +209,9 @@ def _best(
             best_key = key
             best_assign = state.assign
             best_name = f"{name}+search({moves} moves)" if moves else name
-    paired = faster_pairing(mesh, view.index, best_assign)
-    if paired is not None:
-        return paired, "", f"{best_name}+stage-paired"
+    refilled = faster_pairing(mesh, view.index, best_assign)
+    if refilled is not None:  # NVLink domains refilled (pairing.py): the strategy names how
+        return refilled[0], "", f"{best_name}+domains {refilled[1]}"
     return best_assign, "", best_name
 
 
