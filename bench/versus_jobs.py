@@ -28,6 +28,7 @@ from topotrain.api.spec import TrainingJobSpec
 from topotrain.core.kueue import topology_request
 from topotrain.placement import GangRequest, Mesh, evaluate
 from topotrain.placement.cost import DomainIndex
+from topotrain.placement.pairing import stage_order
 from topotrain.placement.steptime import predict
 from topotrain.placement.steptime_tables import Workload
 from topotrain.placement.topology import Inventory, NodeInfo, TopologyLevels
@@ -212,12 +213,8 @@ def best_step(mesh: Mesh, workload: Workload, product: str, domain_nodes: int) -
     if domain_nodes > 2:
         raise ValueError(f"best_step: NVLink domains of {domain_nodes} nodes (only 1 or 2)")
     fillings = [list(range(mesh.pods))]
-    stages = [p for members, _ in mesh.dp_groups for p in members]  # pods holding one stage each
-    if sorted(stages) == fillings[0]:
-        by_stage = [0] * mesh.pods
-        for position, pod in enumerate(stages):
-            by_stage[pod] = position
-        fillings.append(by_stage)
+    if (order := stage_order(mesh)) is not None:  # pods holding one stage each
+        fillings.append([order[pod] for pod in range(mesh.pods)])
     nodes = [NodeInfo(f"n{i}", product, GPUS_PER_POD, GPUS_PER_POD, ("b", "r", f"d{i // domain_nodes}", f"n{i}"))
              for i in range(mesh.pods)]  # fmt: skip
     index = DomainIndex(nodes)

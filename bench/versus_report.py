@@ -203,9 +203,9 @@ def step_ratio(ours: Placed | None, theirs: Placed | None, label: str = FIRST) -
 def print_steps(jobs: Sequence[tuple[str, Placed | None, Placed | None]], ours: str,
                 theirs: str) -> list[float]:  # fmt: skip
     """The predicted step time (docs/placement.md, "Step-time model") of each system's
-    placement of the same job, with the ratio and the fastest step any placement of the job
-    could be predicted (`versus_jobs.best_step`, a lower bound); then the same over every workload of STEP_WORKLOADS.
-    Returns the first workload's ratios."""
+    placement of the same job, with the ratio and the bound no placement of the job is
+    predicted faster than (`versus_jobs.best_step`); then the ratios for every workload of
+    STEP_WORKLOADS. Returns the first workload's ratios."""
     print(f"Predicted step time (docs/placement.md's step-time model: Llama 3 {STEP_MODEL} shape, "
           f"seqLen {STEP_SEQ_LEN}, {STEP_MICROBATCHES} micro-batches of 1 a replica) on the nodes "
           "each system gave the same job; bound: no placement of the job is predicted faster "
@@ -218,16 +218,16 @@ def print_steps(jobs: Sequence[tuple[str, Placed | None, Placed | None]], ours: 
     summary, first = [], []
     for model, microbatches in STEP_WORKLOADS:
         label = workload_label(model, microbatches)
-        both = [(name, a, b) for name, a, b in jobs if step_ratio(a, b, label) is not None]
-        ratios = [step_ratio(a, b, label) or 0.0 for _, a, b in both]
-        slower = [name for (name, _, _), r in zip(both, ratios, strict=True) if r < 1]
+        rated = [(name, a, b, r) for name, a, b in jobs if (r := step_ratio(a, b, label)) is not None]
+        ratios = [r for *_, r in rated]
+        slower = [name for name, _, _, r in rated if r < 1]
         first = first or ratios
         if label == FIRST:
             print(f"\ngeo-mean predicted step ratio ({theirs} / {ours}) over {len(ratios)} jobs placed "
                   f"by both at the same size: {_geo(ratios):.3f}x; worst {min(ratios, default=float('nan')):.3f}x; "
                   f"jobs where {ours}'s step is slower: {len(slower)} {' '.join(slower)}\n")  # fmt: skip
-        headroom = _geo([b.steps[label][0] / b.steps[label][1] for _, _, b in both if b])
-        ours_off = _geo([a.steps[label][0] / a.steps[label][1] for _, a, _ in both if a])
+        headroom = _geo([b.steps[label][0] / b.steps[label][1] for _, _, b, _ in rated if b])
+        ours_off = _geo([a.steps[label][0] / a.steps[label][1] for _, a, _, _ in rated if a])
         summary.append([label, str(len(ratios)), f"{_geo(ratios):.3f}x", f"{min(ratios, default=float('nan')):.3f}x",
                         f"{len(slower)} {' '.join(slower)}".strip(), f"{headroom:.3f}x", f"{ours_off:.3f}x"])  # fmt: skip
     print("The same placements, each workload (Llama 3 shape, seqLen 4096; geo-means over the jobs "

@@ -87,7 +87,7 @@ def test_the_report_predicts_each_systems_step_time_on_the_same_job(
             f"size: {ratio ** 0.5:.3f}x; worst 1.000x; jobs where topotrain's step is slower: 0") in out
 
 
-def test_no_placement_is_predicted_faster_than_the_best_possible_step(versus_jobs: ModuleType) -> None:
+def test_no_placement_is_predicted_faster_than_the_step_bound(versus_jobs: ModuleType) -> None:
     """The report's step bound: random placements of several shapes in either pool are never
     predicted faster, for any workload; two replicas sharing one NVLink domain attain it."""
     import random

@@ -10,9 +10,9 @@ sends one activation slice a micro-batch. So the planner also tries the stage-ma
 rank-order fillings of each rack's nodes (the same pods on each rack, so no rack or block
 crossing changes; local search can end on a mix of the two that costs the same and is
 slower) and keeps the faster when it costs no more and the step-time model predicts a faster
-step than the search's for a reference workload (`REFERENCE`: the Llama 3 8B shape, 4,096 tokens a micro-batch, 16
-micro-batches a replica; the compute is the same for both fillings, so the GPU does not
-matter). docs/placement.md, "Pipeline or data neighbours in an NVLink domain".
+step than the search's for a reference workload (`REFERENCE_*`: the Llama 3 8B shape, 4,096
+tokens a micro-batch, 16 micro-batches a replica; the compute is the same for every filling,
+so the GPU does not matter). docs/placement.md, "Algorithm", step 6.
 """
 
 from __future__ import annotations
@@ -27,17 +27,29 @@ from topotrain.placement.steptime_tables import Workload
 REFERENCE_MODEL, REFERENCE_SEQ_LEN, REFERENCE_MICROBATCHES = "8B", 4096, 16
 REFERENCE_PRODUCT = "H100-80GB"  # the compute term is the same for every filling of one pool
 
-__all__ = ["REFERENCE_MICROBATCHES", "REFERENCE_MODEL", "REFERENCE_SEQ_LEN", "faster_pairing", "replica_paired", "stage_paired"]
+__all__ = [
+    "REFERENCE_MICROBATCHES", "REFERENCE_MODEL", "REFERENCE_SEQ_LEN", "faster_pairing", "replica_paired",
+    "stage_order", "stage_paired",
+]
+
+
+def stage_order(mesh: Mesh) -> dict[int, int] | None:
+    """Each pod's position stage-major (a stage's pods of consecutive replicas side by side);
+    None when a pod holds more than one stage."""
+    stages = [p for members, _ in mesh.dp_groups for p in members]
+    if sorted(stages) != list(range(mesh.pods)):
+        return None
+    return {pod: position for position, pod in enumerate(stages)}
 
 
 def stage_paired(mesh: Mesh, index: DomainIndex, assign: Sequence[int]) -> list[int] | None:
     """The same pods on each rack's same nodes, the nodes (in NVLink-domain order) filled
-    stage-major: a stage's pods of consecutive replicas side by side. None when a pod holds
-    more than one stage or a tensor group spans pods (the filling would have to keep them)."""
-    stages = [p for members, _ in mesh.dp_groups for p in members]
-    if sorted(stages) != list(range(mesh.pods)) or mesh.unit_size > 1:
+    stage-major. None when a pod holds more than one stage or a tensor group spans pods (the
+    filling would have to keep them)."""
+    order = stage_order(mesh)
+    if order is None or mesh.unit_size > 1:
         return None
-    return _refill(index, assign, {pod: position for position, pod in enumerate(stages)})
+    return _refill(index, assign, order)
 
 
 def replica_paired(mesh: Mesh, index: DomainIndex, assign: Sequence[int]) -> list[int] | None:
@@ -63,12 +75,12 @@ def faster_pairing(mesh: Mesh, index: DomainIndex, assign: Sequence[int]) -> tup
     """Of the stage-major and rank-order fillings, the one with the fastest predicted step for
     the reference workload, with its name ("stage-major" or "rank-order"), when it costs no
     more than `assign` and is faster; else None."""
-    if max(len(c) for c in _domains(index, assign).values()) < 2:
+    if len({index.clique[n] for n in assign}) == len(set(assign)):
         return None  # no domain holds two of the gang's nodes
-    cost = evaluate(mesh, index, assign).total
+    cost, current = evaluate(mesh, index, assign).total, list(assign)
     named = (("stage-major", stage_paired(mesh, index, assign)), ("rank-order", replica_paired(mesh, index, assign)))
     fillings = [(name, f) for name, f in named
-                if f is not None and f != list(assign) and evaluate(mesh, index, f).total <= cost]  # fmt: skip
+                if f is not None and f != current and evaluate(mesh, index, f).total <= cost]  # fmt: skip
     if not fillings:
         return None
     workload = Workload(REFERENCE_MODEL, REFERENCE_SEQ_LEN, REFERENCE_MICROBATCHES * mesh.request.data, 1)
@@ -76,10 +88,3 @@ def faster_pairing(mesh: Mesh, index: DomainIndex, assign: Sequence[int]) -> tup
     step, best = min((predict(mesh, index, f, workload, REFERENCE_PRODUCT).total, i) for i, (_, f) in enumerate(fillings))
     return (fillings[best][1], fillings[best][0]) if step < before * (1 - 1e-9) else None
 
-
-def _domains(index: DomainIndex, assign: Sequence[int]) -> dict[int, set[int]]:
-    """The gang's nodes by NVLink domain."""
-    out: dict[int, set[int]] = {}
-    for node in assign:
-        out.setdefault(index.clique[node], set()).add(node)
-    return out

@@ -7,9 +7,9 @@
    order (rank order, stage-major, Hilbert, rack-sized tiles) filled into them,
    plus the BestFit-like baseline's own placement when it meets the hard
    constraints; the cheapest (then least fragmenting) wins and local search
-   improves it; then the NVLink domains of several nodes are filled with data-parallel
-   rather than pipeline neighbours where that costs no more and the step-time model
-   predicts a faster step (pairing.py). Everything is deterministic: no clock, no unseeded randomness.
+   improves it; then each rack's NVLink domains of several nodes are refilled stage-major
+   or in rank order where that costs no more and the step-time model predicts a faster
+   step (pairing.py). Everything is deterministic: no clock, no unseeded randomness.
 """
 
 from __future__ import annotations
